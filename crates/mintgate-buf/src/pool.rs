@@ -1,0 +1,260 @@
+//! Partitions of fixed-size blocks and their O(1) free lists.
+
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::account::{Accounting, Layer};
+use crate::block::BlockMut;
+
+/// Shape of one partition: `blocks` blocks of `block_size` bytes each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionConfig {
+    /// Bytes per block (headroom included).
+    pub block_size: usize,
+    /// Number of blocks; the partition never holds more.
+    pub blocks: u32,
+}
+
+/// No block of the requested size is free. The request must be shed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exhausted {
+    /// The size that was asked for.
+    pub requested: usize,
+}
+
+impl fmt::Display for Exhausted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "buffer pool exhausted (no free block of {} bytes)",
+            self.requested
+        )
+    }
+}
+
+impl std::error::Error for Exhausted {}
+
+/// Counters of one partition, as seen at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionStats {
+    /// Bytes per block.
+    pub block_size: usize,
+    /// Blocks in the partition.
+    pub blocks: u32,
+    /// Blocks free now.
+    pub free: u32,
+    /// The fewest blocks that were ever free at once.
+    pub min_free: u32,
+    /// Allocation requests this partition could not serve.
+    pub exhausted: u64,
+}
+
+const EMPTY: u32 = u32::MAX;
+
+/// One slab with its free list: a Treiber stack of block indices whose head
+/// carries a generation tag against ABA. LIFO order keeps the hottest blocks
+/// in use, so the resident set grows only as far as the load needs.
+pub(crate) struct Partition {
+    pub(crate) block_size: usize,
+    blocks: u32,
+    mem: Box<[UnsafeCell<u8>]>,
+    /// `tag << 32 | index` of the top free block (`EMPTY` index when none).
+    head: AtomicU64,
+    next: Box<[AtomicU32]>,
+    pub(crate) refs: Box<[AtomicU32]>,
+    free: AtomicU32,
+    min_free: AtomicU32,
+    exhausted: AtomicU64,
+}
+
+// SAFETY: block memory is only reached through `BlockMut` (unique: the index is
+// off the free list while it lives) or `Block` (shared, read-only); the free
+// list itself is atomics only.
+unsafe impl Sync for Partition {}
+unsafe impl Send for Partition {}
+
+impl Partition {
+    fn new(cfg: PartitionConfig) -> Partition {
+        assert!(cfg.block_size > 0, "block_size must be positive");
+        assert!(cfg.blocks < EMPTY, "too many blocks in one partition");
+        let n = cfg.blocks as usize;
+        // zeroed memory comes from calloc: pages are touched only when used
+        let mem: Box<[UnsafeCell<u8>]> = {
+            let v: Vec<u8> = vec![0u8; cfg.block_size * n];
+            let b = v.into_boxed_slice();
+            // SAFETY: UnsafeCell<u8> has the same layout as u8
+            unsafe { Box::from_raw(Box::into_raw(b) as *mut [UnsafeCell<u8>]) }
+        };
+        let next: Box<[AtomicU32]> = (0..cfg.blocks)
+            .map(|i| AtomicU32::new(if i + 1 < cfg.blocks { i + 1 } else { EMPTY }))
+            .collect();
+        let refs = (0..n).map(|_| AtomicU32::new(0)).collect();
+        let head = if n == 0 { EMPTY } else { 0 };
+        Partition {
+            block_size: cfg.block_size,
+            blocks: cfg.blocks,
+            mem,
+            head: AtomicU64::new(head as u64),
+            next,
+            refs,
+            free: AtomicU32::new(cfg.blocks),
+            min_free: AtomicU32::new(cfg.blocks),
+            exhausted: AtomicU64::new(0),
+        }
+    }
+
+    fn pop(&self) -> Option<u32> {
+        let mut cur = self.head.load(Ordering::Acquire);
+        loop {
+            let idx = cur as u32;
+            if idx == EMPTY {
+                return None;
+            }
+            let next = self.next[idx as usize].load(Ordering::Relaxed);
+            let tag = (cur >> 32).wrapping_add(1);
+            let new = (tag << 32) | next as u64;
+            match self
+                .head
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    let free = self.free.fetch_sub(1, Ordering::Relaxed) - 1;
+                    self.min_free.fetch_min(free, Ordering::Relaxed);
+                    return Some(idx);
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    pub(crate) fn push(&self, idx: u32) {
+        let mut cur = self.head.load(Ordering::Acquire);
+        loop {
+            self.next[idx as usize].store(cur as u32, Ordering::Relaxed);
+            let tag = (cur >> 32).wrapping_add(1);
+            let new = (tag << 32) | idx as u64;
+            match self
+                .head
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.free.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Raw pointer to the first byte of block `idx`.
+    #[inline]
+    pub(crate) fn block_ptr(&self, idx: u32) -> *mut u8 {
+        debug_assert!(idx < self.blocks);
+        self.mem[idx as usize * self.block_size].get()
+    }
+
+    fn stats(&self) -> PartitionStats {
+        PartitionStats {
+            block_size: self.block_size,
+            blocks: self.blocks,
+            free: self.free.load(Ordering::Relaxed),
+            min_free: self.min_free.load(Ordering::Relaxed),
+            exhausted: self.exhausted.load(Ordering::Relaxed),
+        }
+    }
+}
+
+pub(crate) struct PoolInner {
+    pub(crate) parts: Box<[Partition]>,
+    pub(crate) account: Accounting,
+}
+
+/// A set of fixed-block partitions. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct Pool {
+    pub(crate) inner: Arc<PoolInner>,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("partitions", &self.stats())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Builds a pool. Partitions are sorted by block size; memory is reserved
+    /// now but pages are only touched as blocks are used.
+    ///
+    /// # Panics
+    /// If `parts` is empty or a partition has a zero block size.
+    pub fn new(parts: &[PartitionConfig]) -> Pool {
+        assert!(!parts.is_empty(), "a pool needs at least one partition");
+        let mut cfgs = parts.to_vec();
+        cfgs.sort_by_key(|c| c.block_size);
+        Pool {
+            inner: Arc::new(PoolInner {
+                parts: cfgs.into_iter().map(Partition::new).collect(),
+                account: Accounting::default(),
+            }),
+        }
+    }
+
+    /// Allocates the smallest free block of at least `min_size` bytes, with
+    /// `headroom` bytes reserved in front of the (empty) data region.
+    ///
+    /// A full partition falls through to the next larger one; only when no
+    /// partition that fits has a free block is [`Exhausted`] returned.
+    pub fn alloc(
+        &self,
+        layer: Layer,
+        min_size: usize,
+        headroom: usize,
+    ) -> Result<BlockMut, Exhausted> {
+        let need = min_size.max(headroom);
+        for (p, part) in self.inner.parts.iter().enumerate() {
+            if part.block_size < need {
+                continue;
+            }
+            if let Some(idx) = part.pop() {
+                part.refs[idx as usize].store(1, Ordering::Relaxed);
+                self.inner.account.record_alloc(layer, part.block_size);
+                return Ok(BlockMut::new(self.clone(), p as u8, idx, headroom));
+            }
+            part.exhausted.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(Exhausted { requested: need })
+    }
+
+    /// The largest block size any partition offers.
+    pub fn max_block_size(&self) -> usize {
+        self.inner.parts.last().map(|p| p.block_size).unwrap_or(0)
+    }
+
+    /// The alloc/copy counters.
+    pub fn accounting(&self) -> &Accounting {
+        &self.inner.account
+    }
+
+    /// Counts a copy of `bytes` on behalf of `layer` made outside a block
+    /// method (e.g. into a socket buffer the pool does not own).
+    pub fn record_copy(&self, layer: Layer, bytes: usize) {
+        self.inner.account.record_copy(layer, bytes);
+    }
+
+    /// Per-partition counters.
+    pub fn stats(&self) -> Vec<PartitionStats> {
+        self.inner.parts.iter().map(Partition::stats).collect()
+    }
+
+    /// Blocks currently allocated (not free), over all partitions.
+    pub fn outstanding(&self) -> u64 {
+        self.stats()
+            .iter()
+            .map(|s| (s.blocks - s.free) as u64)
+            .sum()
+    }
+}
