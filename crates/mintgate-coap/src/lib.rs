@@ -1,9 +1,17 @@
 //! CoAP (RFC 7252) as a sans-IO core.
 //!
 //! - [`wire`]: the zero-copy message view and emitter.
+//! - [`client`]: the client endpoint (CON/NON exchanges, token matching,
+//!   NSTART), driven by explicit `Instant`s.
+//! - [`rto`]: the pluggable retransmission-timeout controllers (RFC 7252
+//!   Basic; CoCoA and Adaptive RTO implement the same trait).
 //!
 //! Nothing in this crate touches a socket or a clock: callers pass datagrams
 //! and `Instant`s in and take datagrams and deadlines out, so every rule can
 //! be tested in virtual time.
 
+pub mod server;
 pub mod wire;
+
+pub mod client;
+pub mod rto;

@@ -19,7 +19,7 @@ pub use option::{
     RawOption,
 };
 pub use packet::{Packet, ParseError};
-pub use writer::{head_len, MessageWriter, WriteError};
+pub use writer::{empty_message, head_len, MessageWriter, WriteError};
 
 /// Version number carried in every CoAP message.
 pub const VERSION: u8 = 1;

@@ -190,7 +190,7 @@ impl<'b> MessageWriter<'b> {
 }
 
 /// Writes an empty message (ACK or RST) with `mid`: always 4 bytes.
-pub(crate) fn empty_message(ty: MessageType, mid: u16) -> [u8; 4] {
+pub fn empty_message(ty: MessageType, mid: u16) -> [u8; 4] {
     let m = mid.to_be_bytes();
     [(VERSION << 6) | ((ty as u8) << 4), 0, m[0], m[1]]
 }

@@ -1,0 +1,285 @@
+//! The server side of the message and request layers, sans-IO.
+//!
+//! [`classify`] decides what a datagram is, with the RFC 7252 rules for
+//! malformed and empty messages; [`Dedup`] remembers (peer, message ID) pairs;
+//! [`handle_request`] routes a request to its [`Resource`] and builds the
+//! answer with a [`ResponseBuilder`] in a pooled block. The gateway adds the
+//! sockets, queues and threads around these.
+
+mod dedup;
+mod resource;
+mod response;
+
+pub use dedup::{Dedup, Seen};
+pub use resource::{Handler, PathTaken, Request, Resource, Router};
+pub use response::{BuildError, Outgoing, ResponseBuilder, Tail, OPTION_SPACE, RESPONSE_HEADROOM};
+
+use mintgate_buf::Pool;
+
+use crate::wire::{Code, ContentFormat, MessageType, OptionNumber, Packet, ParseError};
+
+/// Why a datagram was dropped without an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// Not a CoAP message we can read (too short, unknown version).
+    Unreadable,
+    /// A malformed NON, ACK or RST (answered by silence).
+    FormatError,
+    /// An Empty NON, or an ACK/RST with a request code.
+    Misplaced,
+    /// A response arriving at the server socket that nothing waits for.
+    UnexpectedResponse,
+}
+
+/// What [`classify`] found.
+#[derive(Debug)]
+pub enum Inbound<'a> {
+    /// A request (CON or NON) for the handlers.
+    Request(Packet<&'a [u8]>),
+    /// Answer at once with this 4-byte Reset (malformed CON, CoAP ping, or
+    /// an unexpected CON response).
+    Reset([u8; 4], ResetReason),
+    /// A peer's ACK for one of our CON messages.
+    Ack(u16),
+    /// A peer's Reset of one of our messages.
+    PeerReset(u16),
+    /// Drop, counting the reason.
+    Drop(DropReason),
+}
+
+/// Why a Reset is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetReason {
+    /// A CON that failed the format check (RFC 7252 4.2).
+    FormatError(ParseError),
+    /// An Empty CON: CoAP ping (RFC 7252 4.3).
+    Ping,
+    /// A CON response nobody is waiting for.
+    UnexpectedResponse,
+}
+
+/// Classifies a received datagram by the message-layer rules of RFC 7252.
+pub fn classify(datagram: &[u8]) -> Inbound<'_> {
+    let p = match Packet::new_checked(datagram) {
+        Ok(p) => p,
+        Err(e) if e.has_header() => {
+            let (_, ty, _, mid) = Packet::<&[u8]>::peek_header(datagram).unwrap_or((
+                0,
+                MessageType::Non,
+                Code::EMPTY,
+                0,
+            ));
+            return if ty == MessageType::Con {
+                Inbound::Reset(
+                    crate::wire::empty_message(MessageType::Rst, mid),
+                    ResetReason::FormatError(e),
+                )
+            } else {
+                Inbound::Drop(DropReason::FormatError)
+            };
+        }
+        Err(_) => return Inbound::Drop(DropReason::Unreadable),
+    };
+    let code = p.code();
+    let mid = p.message_id();
+    match p.msg_type() {
+        MessageType::Ack if code.is_empty() => Inbound::Ack(mid),
+        MessageType::Rst if code.is_empty() => Inbound::PeerReset(mid),
+        MessageType::Ack | MessageType::Rst if code.is_request() => {
+            Inbound::Drop(DropReason::Misplaced)
+        }
+        MessageType::Rst => Inbound::Drop(DropReason::FormatError),
+        MessageType::Ack => Inbound::Drop(DropReason::UnexpectedResponse),
+        MessageType::Con if code.is_empty() => Inbound::Reset(
+            crate::wire::empty_message(MessageType::Rst, mid),
+            ResetReason::Ping,
+        ),
+        MessageType::Non if code.is_empty() => Inbound::Drop(DropReason::Misplaced),
+        MessageType::Con | MessageType::Non if code.is_request() => Inbound::Request(p),
+        MessageType::Con => Inbound::Reset(
+            crate::wire::empty_message(MessageType::Rst, mid),
+            ResetReason::UnexpectedResponse,
+        ),
+        MessageType::Non => Inbound::Drop(DropReason::UnexpectedResponse),
+    }
+}
+
+/// The outcome of [`handle_request`].
+#[derive(Debug)]
+pub enum Answer {
+    /// Send this.
+    Send(Outgoing),
+    /// Send nothing (a NON carrying an unrecognized critical option).
+    Silent,
+    /// No pool block was free: the request is shed.
+    Exhausted,
+}
+
+/// Default largest payload a handler may produce in one response.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1024;
+
+/// Which option, if any, makes the request unprocessable: an unrecognized
+/// critical option, or a recognized critical one with a value length outside
+/// its range (RFC 7252 5.4.1, 5.4.3).
+pub fn bad_critical_option(p: &Packet<&[u8]>) -> Option<OptionNumber> {
+    p.options()
+        .find(|o| {
+            o.number.is_critical()
+                && match o.number.def() {
+                    None => true,
+                    Some(d) => !d.len_ok(o.value.len()),
+                }
+        })
+        .map(|o| o.number)
+}
+
+/// What the request layer made of a request.
+// The builder is large (inline option space) but is moved once per request;
+// boxing it would put a heap allocation on the hot path.
+#[allow(clippy::large_enum_variant)]
+pub enum Handled {
+    /// A response, to be finished with the type and message ID the caller
+    /// picks (piggybacked ACK, separate CON, or NON).
+    Respond(ResponseBuilder),
+    /// Send nothing (a NON carrying an unrecognized critical option).
+    Silent,
+    /// No pool block was free: the request is shed.
+    Exhausted,
+}
+
+/// Routes `req` and runs its handler. Errors map to 4.02, 4.04, 4.05,
+/// 4.15 and 5.05 as RFC 7252 says; the handler sees a builder whose first
+/// block holds `payload_hint` bytes (it grows, up to `max_payload`).
+pub fn process_request(
+    router: &Router,
+    pool: &Pool,
+    req: &Request<'_>,
+    payload_hint: usize,
+    max_payload: usize,
+) -> Handled {
+    let p = req.packet;
+    let con = p.msg_type() == MessageType::Con;
+    let mut rb = match ResponseBuilder::alloc(pool, payload_hint) {
+        Ok(rb) => rb.with_limit(max_payload),
+        Err(_) => return Handled::Exhausted,
+    };
+    if let Some(bad) = bad_critical_option(p) {
+        if !con {
+            return Handled::Silent;
+        }
+        rb.set_code(Code::BAD_OPTION)
+            .content_format(ContentFormat::TEXT_PLAIN);
+        let mut msg = [0u8; 48];
+        let n = fmt_into(
+            &mut msg,
+            format_args!("unrecognized critical option {}", bad.0),
+        );
+        rb.write(&msg[..n]);
+    } else if p.option(OptionNumber::PROXY_URI).is_some()
+        || p.option(OptionNumber::PROXY_SCHEME).is_some()
+    {
+        rb.set_code(Code::PROXYING_NOT_SUPPORTED);
+    } else if is_well_known_core(p) {
+        if p.code() == Code::GET {
+            let filter = req.query().next();
+            let doc = router.well_known_core(filter);
+            rb.content_format(ContentFormat::LINK_FORMAT)
+                .write(doc.as_bytes());
+        } else {
+            rb.set_code(Code::METHOD_NOT_ALLOWED);
+        }
+    } else {
+        match router.find(req) {
+            None => {
+                rb.set_code(Code::NOT_FOUND);
+            }
+            Some(r) => match r.handler(p.code()) {
+                None => {
+                    rb.set_code(Code::METHOD_NOT_ALLOWED);
+                }
+                Some(_) if !r.accepts_format(req.content_format()) => {
+                    rb.set_code(Code::UNSUPPORTED_CONTENT_FORMAT);
+                }
+                Some(h) => h(req, &mut rb),
+            },
+        }
+    }
+    Handled::Respond(rb)
+}
+
+/// Encodes a handled response; a response that overflowed its limits
+/// becomes 5.00 Internal Server Error.
+pub fn finish_response(
+    pool: &Pool,
+    rb: ResponseBuilder,
+    ty: MessageType,
+    mid: u16,
+    token: &[u8],
+) -> Answer {
+    match rb.finish(ty, mid, token) {
+        Ok(o) => Answer::Send(o),
+        Err(_) => match simple_response(pool, ty, mid, token, Code::INTERNAL_SERVER_ERROR, None) {
+            Some(o) => Answer::Send(o),
+            None => Answer::Exhausted,
+        },
+    }
+}
+
+/// [`process_request`] then [`finish_response`] as a piggybacked ACK for a
+/// CON, or a NON with `non_mid` for a NON.
+pub fn handle_request(
+    router: &Router,
+    pool: &Pool,
+    req: &Request<'_>,
+    non_mid: u16,
+    max_payload: usize,
+) -> Answer {
+    let p = req.packet;
+    let (ty, mid) = if p.msg_type() == MessageType::Con {
+        (MessageType::Ack, p.message_id())
+    } else {
+        (MessageType::Non, non_mid)
+    };
+    match process_request(router, pool, req, 64, max_payload) {
+        Handled::Respond(rb) => finish_response(pool, rb, ty, mid, p.token()),
+        Handled::Silent => Answer::Silent,
+        Handled::Exhausted => Answer::Exhausted,
+    }
+}
+
+fn is_well_known_core(p: &Packet<&[u8]>) -> bool {
+    let mut segs = p
+        .options()
+        .filter(|o| o.number == OptionNumber::URI_PATH)
+        .map(|o| o.value);
+    segs.next() == Some(b".well-known") && segs.next() == Some(b"core") && segs.next().is_none()
+}
+
+/// Formats into a stack buffer, truncating; returns the length.
+fn fmt_into(buf: &mut [u8], args: std::fmt::Arguments<'_>) -> usize {
+    use std::io::Write;
+    let mut c = std::io::Cursor::new(buf);
+    let _ = c.write_fmt(args);
+    c.position() as usize
+}
+
+/// Builds a response with no payload outside a handler (e.g. 5.03 with
+/// Max-Age when the HTP queue is full).
+pub fn simple_response(
+    pool: &Pool,
+    ty: MessageType,
+    mid: u16,
+    token: &[u8],
+    code: Code,
+    max_age: Option<u32>,
+) -> Option<Outgoing> {
+    let mut rb = ResponseBuilder::alloc(pool, 0).ok()?;
+    rb.set_code(code);
+    if let Some(a) = max_age {
+        rb.max_age(a);
+    }
+    rb.finish(ty, mid, token).ok()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,353 @@
+//! Building a response in one pooled block, payload first, header prepended.
+
+use std::fmt;
+
+use mintgate_buf::{Block, BlockMut, Layer, Pool};
+
+use crate::wire::{encode_uint, Code, ContentFormat, MessageType, MessageWriter, OptionNumber};
+
+/// Headroom reserved in front of a response payload: header (4), token (8)
+/// and the usual options fit; a larger head goes into a block of its own and
+/// is sent by scatter-gather.
+pub const RESPONSE_HEADROOM: usize = 64;
+
+/// Bytes of option values a response may carry (outside the payload).
+pub const OPTION_SPACE: usize = 320;
+
+const MAX_OPTIONS: usize = 16;
+
+/// Upper bound of an encoded head: header, token, 16 option headers, option
+/// space, marker.
+const MAX_HEAD: usize = 4 + 8 + MAX_OPTIONS * 5 + OPTION_SPACE + 1;
+
+/// A response too large for what the builder holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuildError {
+    /// More than 16 options or 320 bytes of option values.
+    TooManyOptions,
+    /// The payload does not fit the block; the response becomes 5.00.
+    PayloadTooLarge,
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::TooManyOptions => write!(
+                f,
+                "response options exceed {MAX_OPTIONS} or {OPTION_SPACE} bytes"
+            ),
+            BuildError::PayloadTooLarge => write!(f, "response payload exceeds the block"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Where the payload lives.
+enum Body {
+    /// Written into the response block behind the headroom.
+    Inline,
+    /// A static slice, sent by reference (0 bytes copied).
+    Static(&'static [u8]),
+    /// A pooled shared block, sent by reference (0 bytes copied).
+    Shared(Block),
+}
+
+/// A response under construction, handed to resource handlers.
+///
+/// The payload is produced once, straight into the pooled block (or given by
+/// reference as a static or shared buffer); options are kept aside in a small
+/// fixed array and encoded, sorted, into the headroom at the end.
+pub struct ResponseBuilder {
+    block: BlockMut,
+    code: Code,
+    opts: [(u16, u16, u16); MAX_OPTIONS],
+    nopts: usize,
+    optbuf: [u8; OPTION_SPACE],
+    optlen: usize,
+    body: Body,
+    overflow: bool,
+    limit: usize,
+}
+
+impl ResponseBuilder {
+    /// A 2.05 Content response with an empty payload in `block`, which must
+    /// have been allocated with at least [`RESPONSE_HEADROOM`] headroom.
+    pub fn new(block: BlockMut) -> ResponseBuilder {
+        ResponseBuilder {
+            block,
+            code: Code::CONTENT,
+            opts: [(0, 0, 0); MAX_OPTIONS],
+            nopts: 0,
+            optbuf: [0; OPTION_SPACE],
+            optlen: 0,
+            body: Body::Inline,
+            overflow: false,
+            limit: usize::MAX,
+        }
+    }
+
+    /// Caps the payload at `max_payload` bytes (writes past it overflow).
+    pub fn with_limit(mut self, max_payload: usize) -> ResponseBuilder {
+        self.limit = max_payload;
+        self
+    }
+
+    /// Moves the payload into a block with room for `extra` more bytes.
+    /// The bytes already written are copied once (and counted).
+    fn grow(&mut self, extra: usize) -> bool {
+        let need = self.block.len() + extra;
+        if need > self.limit {
+            return false;
+        }
+        let pool = self.block.pool().clone();
+        let Ok(mut nb) = pool.alloc(Layer::Handler, RESPONSE_HEADROOM + need, RESPONSE_HEADROOM)
+        else {
+            return false;
+        };
+        if !nb.append(Layer::Handler, self.block.as_slice()) {
+            return false;
+        }
+        self.block = nb;
+        true
+    }
+
+    /// Allocates the block from `pool` (`max_payload` bytes behind the headroom).
+    pub fn alloc(
+        pool: &Pool,
+        max_payload: usize,
+    ) -> Result<ResponseBuilder, mintgate_buf::Exhausted> {
+        pool.alloc(
+            Layer::Coap,
+            RESPONSE_HEADROOM + max_payload,
+            RESPONSE_HEADROOM,
+        )
+        .map(ResponseBuilder::new)
+    }
+
+    /// Sets the response code (default 2.05 Content).
+    pub fn set_code(&mut self, code: Code) -> &mut Self {
+        self.code = code;
+        self
+    }
+
+    /// The response code set so far.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// Adds an option. Options may be added in any order; repeated options
+    /// keep the order in which they were added.
+    pub fn option(&mut self, number: OptionNumber, value: &[u8]) -> &mut Self {
+        if self.nopts == MAX_OPTIONS || self.optlen + value.len() > OPTION_SPACE {
+            self.overflow = true;
+            return self;
+        }
+        let start = self.optlen;
+        self.optbuf[start..start + value.len()].copy_from_slice(value);
+        self.optlen += value.len();
+        self.opts[self.nopts] = (number.0, start as u16, value.len() as u16);
+        self.nopts += 1;
+        self
+    }
+
+    /// Adds an unsigned-integer option, minimally encoded.
+    pub fn option_uint(&mut self, number: OptionNumber, v: u32) -> &mut Self {
+        let mut b = [0; 4];
+        let len = encode_uint(v, &mut b).len();
+        self.option(number, &b[4 - len..])
+    }
+
+    /// Sets Content-Format.
+    pub fn content_format(&mut self, cf: ContentFormat) -> &mut Self {
+        self.option_uint(OptionNumber::CONTENT_FORMAT, cf.0 as u32)
+    }
+
+    /// Sets Max-Age in seconds.
+    pub fn max_age(&mut self, secs: u32) -> &mut Self {
+        self.option_uint(OptionNumber::MAX_AGE, secs)
+    }
+
+    /// Appends payload bytes into the block (counted as the handler's copy).
+    /// On overflow the response turns into 5.00 when finished.
+    pub fn write(&mut self, bytes: &[u8]) -> &mut Self {
+        if !matches!(self.body, Body::Inline) || self.block.len() + bytes.len() > self.limit {
+            self.overflow = true;
+            return self;
+        }
+        if bytes.len() > self.block.tailroom() && !self.grow(bytes.len()) {
+            self.overflow = true;
+            return self;
+        }
+        if !self.block.append(Layer::Handler, bytes) {
+            self.overflow = true;
+        }
+        self
+    }
+
+    /// Makes sure [`ResponseBuilder::spare_mut`] offers at least `n` bytes.
+    pub fn reserve(&mut self, n: usize) -> bool {
+        n <= self.block.tailroom() || self.grow(n)
+    }
+
+    /// The writable space behind the payload written so far, for handlers
+    /// that format in place; commit with [`ResponseBuilder::commit`].
+    pub fn spare_mut(&mut self) -> &mut [u8] {
+        self.block.spare_mut()
+    }
+
+    /// Commits `n` bytes written into [`ResponseBuilder::spare_mut`].
+    pub fn commit(&mut self, n: usize) -> &mut Self {
+        if n > self.block.tailroom() {
+            self.overflow = true;
+        } else {
+            self.block.commit(n);
+        }
+        self
+    }
+
+    /// Uses a static payload, sent by reference with no copy.
+    pub fn static_payload(&mut self, p: &'static [u8]) -> &mut Self {
+        self.block.truncate(0);
+        self.body = Body::Static(p);
+        self
+    }
+
+    /// Uses a shared pooled payload, sent by reference with no copy.
+    pub fn shared_payload(&mut self, b: Block) -> &mut Self {
+        self.block.truncate(0);
+        self.body = Body::Shared(b);
+        self
+    }
+
+    /// The payload as it stands.
+    pub fn payload(&self) -> &[u8] {
+        match &self.body {
+            Body::Inline => self.block.as_slice(),
+            Body::Static(s) => s,
+            Body::Shared(b) => b,
+        }
+    }
+
+    /// True if options or payload overflowed.
+    pub fn overflowed(&self) -> bool {
+        self.overflow
+    }
+
+    /// Encodes the message: header, token and options prepended in the
+    /// block's headroom (or in a separate head block when they do not fit),
+    /// the payload where it already is.
+    pub fn finish(self, ty: MessageType, mid: u16, token: &[u8]) -> Result<Outgoing, BuildError> {
+        if self.overflow {
+            return Err(
+                if self.nopts == MAX_OPTIONS || self.optlen == OPTION_SPACE {
+                    BuildError::TooManyOptions
+                } else {
+                    BuildError::PayloadTooLarge
+                },
+            );
+        }
+        let mut order = [0u8; MAX_OPTIONS];
+        for (i, o) in order.iter_mut().enumerate().take(self.nopts) {
+            *o = i as u8;
+        }
+        let order = &mut order[..self.nopts];
+        order.sort_by_key(|i| self.opts[*i as usize].0); // stable: repeats keep their order
+        let plen = self.payload().len();
+        let mut head = [0u8; MAX_HEAD];
+        let mut w = MessageWriter::new(&mut head, ty, self.code, mid, token)
+            .map_err(|_| BuildError::TooManyOptions)?;
+        for i in order.iter() {
+            let (n, st, l) = self.opts[*i as usize];
+            w.option(
+                OptionNumber(n),
+                &self.optbuf[st as usize..(st + l) as usize],
+            )
+            .map_err(|_| BuildError::TooManyOptions)?;
+        }
+        if plen > 0 {
+            w.payload_marker().map_err(|_| BuildError::TooManyOptions)?;
+        }
+        let hlen = w.finish();
+        let head = &head[..hlen];
+        let ResponseBuilder {
+            mut block, body, ..
+        } = self;
+        let pool = block.pool().clone();
+        pool.record_copy(Layer::Coap, hlen);
+        let tail = match body {
+            Body::Inline if hlen <= block.headroom() => {
+                block
+                    .prepend(hlen)
+                    .ok_or(BuildError::TooManyOptions)?
+                    .copy_from_slice(head);
+                return Ok(Outgoing {
+                    head: block.freeze(),
+                    tail: Tail::None,
+                });
+            }
+            Body::Inline => Tail::Shared(block.freeze()),
+            Body::Static(s) => Tail::Static(s),
+            Body::Shared(b) => Tail::Shared(b),
+        };
+        // The payload stays where it is; the head gets a block of its own.
+        let mut hb = pool
+            .alloc(Layer::Coap, hlen, 0)
+            .map_err(|_| BuildError::PayloadTooLarge)?;
+        hb.spare_mut()[..hlen].copy_from_slice(head);
+        hb.commit(hlen);
+        Ok(Outgoing {
+            head: hb.freeze(),
+            tail,
+        })
+    }
+}
+
+/// Payload part of an outgoing message that is not in the head block.
+#[derive(Clone, Debug)]
+pub enum Tail {
+    /// The whole message is in the head block.
+    None,
+    /// A static payload.
+    Static(&'static [u8]),
+    /// A shared pooled payload.
+    Shared(Block),
+}
+
+/// An encoded message ready for the socket: `head` then `tail`, gathered.
+/// Cloning shares the blocks (this is what the de-duplication cache keeps).
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    /// Header, token, options, marker (and the payload when inline).
+    pub head: Block,
+    /// The payload when sent by reference.
+    pub tail: Tail,
+}
+
+impl Outgoing {
+    /// The tail bytes (empty when none).
+    pub fn tail_bytes(&self) -> &[u8] {
+        match &self.tail {
+            Tail::None => &[],
+            Tail::Static(s) => s,
+            Tail::Shared(b) => b,
+        }
+    }
+
+    /// Total length on the wire.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.tail_bytes().len()
+    }
+
+    /// Never true for an encoded message.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The message as one contiguous vector (tests and logs only: it copies).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = self.head.to_vec();
+        v.extend_from_slice(self.tail_bytes());
+        v
+    }
+}

@@ -1,0 +1,342 @@
+//! The TOML configuration. Every key has a default, so no file is needed;
+//! `docs/config.md` documents each key and `mintgate serve --print-config`
+//! prints the effective values.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use mintgate_buf::PartitionConfig;
+use serde::{Deserialize, Serialize};
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown keys or wrong types.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// What is wrong, with line and column.
+        source: toml::de::Error,
+    },
+    /// A value is out of range.
+    #[error("invalid config value {key}: {why}")]
+    Value {
+        /// The key, dotted.
+        key: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[coap]`: the CoAP endpoint.
+    pub coap: CoapConfig,
+    /// `[pipeline]`: the Interaction pipeline.
+    pub pipeline: PipelineConfig,
+    /// `[buffers]`: the block pool.
+    pub buffers: BufferConfig,
+}
+
+/// `[coap]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoapConfig {
+    /// UDP addresses to serve CoAP on. `[::]` also accepts IPv4.
+    pub bind: Vec<SocketAddr>,
+    /// Largest datagram accepted; larger ones are dropped and counted.
+    pub max_datagram: usize,
+    /// A CON request whose handler runs longer than this many milliseconds
+    /// gets an empty ACK and, later, a separate CON response.
+    pub separate_response_after_ms: u64,
+    /// (peer, message ID) pairs remembered for de-duplication, at most.
+    pub dedup_capacity: usize,
+    /// EXCHANGE_LIFETIME in seconds (how long a CON is remembered).
+    pub exchange_lifetime_s: u64,
+    /// NON_LIFETIME in seconds (how long a NON is remembered).
+    pub non_lifetime_s: u64,
+    /// Max-Age, in seconds, of the 5.03 sent when the HTP queue is full.
+    pub overload_max_age_s: u32,
+    /// Largest response payload a handler may produce.
+    pub max_payload: usize,
+    /// Socket receive buffer in bytes (capped by net.core.rmem_max).
+    pub socket_recv_buffer: usize,
+    /// Socket send buffer in bytes (capped by net.core.wmem_max).
+    pub socket_send_buffer: usize,
+}
+
+impl Default for CoapConfig {
+    fn default() -> Self {
+        CoapConfig {
+            bind: vec!["[::]:5683".parse().expect("literal")],
+            max_datagram: 1280,
+            separate_response_after_ms: 1000,
+            dedup_capacity: 16384,
+            exchange_lifetime_s: 247,
+            non_lifetime_s: 145,
+            overload_max_age_s: 2,
+            max_payload: 1024,
+            socket_recv_buffer: 4 << 20,
+            socket_send_buffer: 4 << 20,
+        }
+    }
+}
+
+/// `[pipeline]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineConfig {
+    /// HTP queue bound in bytes (datagram blocks held); 0 = 1 % of RAM,
+    /// clamped to 256 KiB..8 MiB.
+    pub queue_bytes: usize,
+    /// HTP threads; 0 = the number of cores.
+    pub threads: usize,
+    /// Datagrams per recvmmsg call.
+    pub receive_batch: usize,
+    /// Datagrams per sendmmsg call.
+    pub send_batch: usize,
+    /// Requests a handler thread takes from the queue at once.
+    pub handler_batch: usize,
+    /// Samples the Performance Observer keeps (one per second, at least 10).
+    pub observer_samples: usize,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            queue_bytes: 0,
+            threads: 0,
+            receive_batch: 32,
+            send_batch: 32,
+            handler_batch: 32,
+            observer_samples: 120,
+        }
+    }
+}
+
+/// `[buffers]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BufferConfig {
+    /// Partitions of the pool: `{ block_size = BYTES, blocks = COUNT }`.
+    /// Received datagrams take blocks of at least `coap.max_datagram` bytes;
+    /// responses take the smallest block that fits.
+    pub partitions: Vec<Partition>,
+}
+
+/// One pool partition.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Partition {
+    /// Bytes per block.
+    pub block_size: usize,
+    /// Number of blocks.
+    pub blocks: u32,
+}
+
+impl Default for BufferConfig {
+    fn default() -> Self {
+        BufferConfig {
+            partitions: vec![
+                Partition {
+                    block_size: 192,
+                    blocks: 32768,
+                },
+                Partition {
+                    block_size: 1280,
+                    blocks: 8192,
+                },
+            ],
+        }
+    }
+}
+
+impl Config {
+    /// Reads and checks a TOML file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let cfg: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.display().to_string(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses TOML text (for tests and embedded configs).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: "<text>".into(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The effective configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Checks ranges and cross-key rules.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let v = |key, why: String| Err(ConfigError::Value { key, why });
+        if self.coap.bind.is_empty() {
+            return v("coap.bind", "at least one address is needed".into());
+        }
+        if !(64..=65507).contains(&self.coap.max_datagram) {
+            return v(
+                "coap.max_datagram",
+                format!("{} is outside 64..=65507", self.coap.max_datagram),
+            );
+        }
+        if self.buffers.partitions.is_empty() {
+            return v(
+                "buffers.partitions",
+                "at least one partition is needed".into(),
+            );
+        }
+        if let Some(p) = self
+            .buffers
+            .partitions
+            .iter()
+            .find(|p| p.block_size == 0 || p.blocks == 0)
+        {
+            return v(
+                "buffers.partitions",
+                format!("block_size and blocks must be positive (got {p:?})"),
+            );
+        }
+        let largest = self
+            .buffers
+            .partitions
+            .iter()
+            .map(|p| p.block_size)
+            .max()
+            .unwrap_or(0);
+        if largest < self.coap.max_datagram {
+            return v(
+                "buffers.partitions",
+                format!(
+                    "the largest block ({largest}) is smaller than coap.max_datagram ({})",
+                    self.coap.max_datagram
+                ),
+            );
+        }
+        if largest < self.coap.max_payload + mintgate_coap::server::RESPONSE_HEADROOM {
+            return v(
+                "coap.max_payload",
+                format!(
+                    "{} plus the {}-byte headroom exceeds the largest block ({largest})",
+                    self.coap.max_payload,
+                    mintgate_coap::server::RESPONSE_HEADROOM
+                ),
+            );
+        }
+        for (key, val) in [
+            ("pipeline.receive_batch", self.pipeline.receive_batch),
+            ("pipeline.send_batch", self.pipeline.send_batch),
+            ("pipeline.handler_batch", self.pipeline.handler_batch),
+            ("coap.dedup_capacity", self.coap.dedup_capacity),
+        ] {
+            if !(1..=1 << 20).contains(&val) {
+                return v(key, format!("{val} is outside 1..=1048576"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pool partitions in the buffers crate's form.
+    pub fn partitions(&self) -> Vec<PartitionConfig> {
+        self.buffers
+            .partitions
+            .iter()
+            .map(|p| PartitionConfig {
+                block_size: p.block_size,
+                blocks: p.blocks,
+            })
+            .collect()
+    }
+
+    /// The HTP queue bound in bytes, resolving 0 to 1 % of RAM (clamped).
+    pub fn queue_bytes(&self) -> usize {
+        if self.pipeline.queue_bytes > 0 {
+            return self.pipeline.queue_bytes;
+        }
+        (physical_memory() / 100).clamp(256 << 10, 8 << 20)
+    }
+
+    /// HTP threads, resolving 0 to the number of cores.
+    pub fn threads(&self) -> usize {
+        if self.pipeline.threads > 0 {
+            self.pipeline.threads
+        } else {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        }
+    }
+}
+
+/// Physical memory in bytes (0 if unknown).
+pub fn physical_memory() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || size <= 0 {
+        0
+    } else {
+        pages as usize * size as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_round_trip() {
+        let c = Config::default();
+        c.validate().unwrap();
+        let back = Config::from_toml(&c.to_toml()).unwrap();
+        assert_eq!(back.coap.bind, c.coap.bind);
+        assert!(c.queue_bytes() >= 256 << 10 && c.queue_bytes() <= 8 << 20);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = Config::from_toml("[coap]\nmax_datagram = 10\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("coap.max_datagram"), "{e}");
+        let e = Config::from_toml("[coap]\nbogus = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
+        let e = Config::from_toml("[buffers]\npartitions = [{ block_size = 100, blocks = 4 }]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("largest block"), "{e}");
+        let c = Config::from_toml("[coap]\nbind = [\"127.0.0.1:7000\"]\n[pipeline]\nthreads = 3\n")
+            .unwrap();
+        assert_eq!(c.threads(), 3);
+    }
+}

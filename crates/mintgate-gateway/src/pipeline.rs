@@ -1,0 +1,584 @@
+//! The Interaction pipeline (SPEC section 1) over UDP:
+//!
+//! ```text
+//! socket --recvmmsg--> Network Receiver --batch--> HTP queue --batch--> handler pool --sendmmsg--> socket
+//!                         |  classify, de-duplicate,                      route, handle, encode
+//!                         |  Reset/5.03/replay at once                    (Send Handler runs on the
+//!                                                                          handler thread: no extra hop)
+//! ```
+//!
+//! One Network Receiver thread per listening socket; a resizable pool of
+//! handler threads; one timer thread for empty ACKs (separate responses) and
+//! the retransmission of separate CON responses; the Performance Observer
+//! thread. Datagrams are received straight into pool blocks and responses are
+//! encoded in pool blocks; nothing on the way allocates from the heap.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mintgate_buf::{BlockMut, Layer, Pool};
+use mintgate_coap::server::{
+    classify, finish_response, process_request, simple_response, Answer, Dedup, DropReason,
+    Handled, Inbound, Outgoing, PathTaken, Request, ResetReason, Resource, Router, Seen,
+};
+use mintgate_coap::wire::{empty_message, Code, MessageType, Packet};
+use mintgate_sched::{Observer, PipelineCounters, Sample, ThreadPool, Worker};
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::Config;
+use crate::queue::{HtpQueue, Job};
+use crate::udp::{self, RecvBatch, SendBatch};
+
+/// Most HTP threads the pool may have.
+pub const MAX_HTP_THREADS: usize = 256;
+const DEDUP_SHARDS: usize = 16;
+/// RFC 7252 4.8 defaults for separate CON responses.
+const ACK_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_RETRANSMIT: u8 = 4;
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener could not be bound.
+    #[error("cannot bind udp {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A thread could not be started.
+    #[error("cannot start thread: {0}")]
+    Thread(#[from] io::Error),
+    /// The configuration is not valid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// A CON request being handled, per handler thread.
+#[derive(Clone, Copy)]
+struct InFlight {
+    peer: SocketAddr,
+    mid: u16,
+    listener: usize,
+    since: Instant,
+    acked: bool,
+}
+
+/// A separate CON response waiting for its ACK.
+struct Pending {
+    msg: Outgoing,
+    listener: usize,
+    next: Instant,
+    timeout: Duration,
+    retransmits: u8,
+}
+
+struct Shared {
+    cfg: Config,
+    pool: Pool,
+    router: RwLock<Arc<Router>>,
+    listeners: Vec<UdpSocket>,
+    queue: HtpQueue,
+    counters: Arc<PipelineCounters>,
+    dedup: Vec<Mutex<Dedup<Outgoing>>>,
+    next_mid: AtomicU16,
+    stop: AtomicBool,
+    inflight: Vec<Mutex<Option<InFlight>>>,
+    separate: Mutex<HashMap<(SocketAddr, u16), Pending>>,
+    separate_after: Duration,
+}
+
+impl Shared {
+    fn dedup_shard(&self, peer: &SocketAddr, mid: u16) -> &Mutex<Dedup<Outgoing>> {
+        let h = (mid as usize) ^ (peer.port() as usize).rotate_left(5);
+        &self.dedup[h % DEDUP_SHARDS]
+    }
+
+    fn mid(&self) -> u16 {
+        self.next_mid.fetch_add(1, Relaxed)
+    }
+}
+
+/// A running gateway. Dropping it stops every thread.
+pub struct Gateway {
+    shared: Arc<Shared>,
+    receivers: Vec<JoinHandle<()>>,
+    timer: Option<JoinHandle<()>>,
+    htp: ThreadPool,
+    observer: Observer,
+}
+
+impl Gateway {
+    /// Binds the listeners and starts the threads.
+    pub fn start(cfg: Config, router: Router) -> Result<Gateway, StartError> {
+        cfg.validate()?;
+        let listeners = cfg
+            .coap
+            .bind
+            .iter()
+            .map(|a| {
+                udp::bind(*a, cfg.coap.socket_recv_buffer, cfg.coap.socket_send_buffer)
+                    .map_err(|source| StartError::Bind { addr: *a, source })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let counters = Arc::new(PipelineCounters::default());
+        let shard_cap = cfg.coap.dedup_capacity.div_ceil(DEDUP_SHARDS);
+        let lifetimes = (
+            Duration::from_secs(cfg.coap.exchange_lifetime_s),
+            Duration::from_secs(cfg.coap.non_lifetime_s),
+        );
+        let shared = Arc::new(Shared {
+            pool: Pool::new(&cfg.partitions()),
+            router: RwLock::new(Arc::new(router)),
+            listeners,
+            queue: HtpQueue::new(cfg.queue_bytes(), counters.clone()),
+            counters: counters.clone(),
+            dedup: (0..DEDUP_SHARDS)
+                .map(|_| Mutex::new(Dedup::new(shard_cap, lifetimes.0, lifetimes.1)))
+                .collect(),
+            next_mid: AtomicU16::new(rand_u16()),
+            stop: AtomicBool::new(false),
+            inflight: (0..MAX_HTP_THREADS).map(|_| Mutex::new(None)).collect(),
+            separate: Mutex::new(HashMap::new()),
+            separate_after: Duration::from_millis(cfg.coap.separate_response_after_ms),
+            cfg,
+        });
+        let threads = shared.cfg.threads().min(MAX_HTP_THREADS);
+        let sh = shared.clone();
+        let sh2 = shared.clone();
+        let htp = ThreadPool::new(
+            "htp",
+            threads,
+            move |w| handler_loop(&sh, w),
+            move || sh2.queue.wake_all(),
+        )?;
+        counters.htp_threads.store(threads as u64, Relaxed);
+        let mut receivers = Vec::new();
+        for i in 0..shared.listeners.len() {
+            let sh = shared.clone();
+            receivers.push(
+                std::thread::Builder::new()
+                    .name(format!("nr-{i}"))
+                    .spawn(move || receive_loop(&sh, i))?,
+            );
+        }
+        let sh = shared.clone();
+        let timer = Some(
+            std::thread::Builder::new()
+                .name("coap-timer".into())
+                .spawn(move || timer_loop(&sh))?,
+        );
+        let observer = Observer::start(
+            counters,
+            Duration::from_secs(1),
+            shared.cfg.pipeline.observer_samples,
+            |_| {},
+        )?;
+        Ok(Gateway {
+            shared,
+            receivers,
+            timer,
+            htp,
+            observer,
+        })
+    }
+
+    /// The bound listener addresses (with the ports the OS chose for `:0`).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.shared
+            .listeners
+            .iter()
+            .filter_map(|s| s.local_addr().ok())
+            .collect()
+    }
+
+    /// The pipeline counters.
+    pub fn counters(&self) -> &Arc<PipelineCounters> {
+        &self.shared.counters
+    }
+
+    /// The Performance Observer's samples, oldest first.
+    pub fn samples(&self) -> Vec<Sample> {
+        self.observer.samples()
+    }
+
+    /// The buffer pool.
+    pub fn pool(&self) -> &Pool {
+        &self.shared.pool
+    }
+
+    /// The HTP queue bound in bytes.
+    pub fn queue_bytes(&self) -> usize {
+        self.shared.queue.max_bytes()
+    }
+
+    /// HTP threads now.
+    pub fn htp_threads(&self) -> usize {
+        self.htp.size()
+    }
+
+    /// Resizes the handler pool (clamped to 1..=[`MAX_HTP_THREADS`]).
+    pub fn resize_htp(&self, n: usize) -> io::Result<()> {
+        let n = n.clamp(1, MAX_HTP_THREADS);
+        self.htp.resize(n)?;
+        self.shared.counters.htp_threads.store(n as u64, Relaxed);
+        Ok(())
+    }
+
+    /// Adds a resource while running.
+    pub fn add_resource(&self, r: Resource) -> Result<(), PathTaken> {
+        let mut g = self.shared.router.write();
+        let mut next = (**g).clone();
+        next.add(r)?;
+        *g = Arc::new(next);
+        Ok(())
+    }
+
+    /// Removes a resource while running.
+    pub fn remove_resource(&self, path: &str) -> Option<Resource> {
+        let mut g = self.shared.router.write();
+        let mut next = (**g).clone();
+        let r = next.remove(path)?;
+        *g = Arc::new(next);
+        Some(r)
+    }
+
+    /// Stops every thread and waits for them.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        self.htp.shutdown();
+        for r in self.receivers.drain(..) {
+            let _ = r.join();
+        }
+        if let Some(t) = self.timer.take() {
+            let _ = t.join();
+        }
+        self.observer.stop();
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn rand_u16() -> u16 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.subsec_nanos() ^ std::process::id()) as u16
+}
+
+enum Kind {
+    Request { con: bool, mid: u16 },
+    Done,
+}
+
+/// Network Receiver: read a batch, classify, de-duplicate, queue.
+fn receive_loop(sh: &Shared, li: usize) {
+    let sock = &sh.listeners[li];
+    let b = sh.cfg.pipeline.receive_batch;
+    let c = &sh.counters;
+    let max_dgram = sh.cfg.coap.max_datagram;
+    let mut rb = RecvBatch::new(b);
+    let mut blocks: Vec<BlockMut> = Vec::with_capacity(b);
+    let mut got = Vec::with_capacity(b);
+    let mut jobs: Vec<Job> = Vec::with_capacity(b);
+    let mut rejected: Vec<Job> = Vec::with_capacity(b);
+    let mut sb = SendBatch::new(b);
+    let mut scratch = vec![0u8; max_dgram];
+    while !sh.stop.load(Relaxed) {
+        while blocks.len() < b {
+            match sh.pool.alloc(Layer::Receive, max_dgram, 0) {
+                Ok(bl) => blocks.push(bl),
+                Err(_) => break,
+            }
+        }
+        if blocks.is_empty() {
+            // pool exhausted: read and shed one datagram so the socket drains visibly
+            if sock.recv_from(&mut scratch).is_ok() {
+                c.nr_datagrams.fetch_add(1, Relaxed);
+                c.nr_dropped.fetch_add(1, Relaxed);
+            }
+            continue;
+        }
+        got.clear();
+        let n = match rb.recv(sock, &mut blocks, &mut got) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "receive failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let now = Instant::now();
+        c.nr_datagrams.fetch_add(n as u64, Relaxed);
+        for (block, info) in blocks.drain(..n).zip(got.drain(..)) {
+            if info.truncated {
+                c.nr_ignored.fetch_add(1, Relaxed);
+                continue;
+            }
+            let kind = match classify(block.as_slice()) {
+                Inbound::Request(p) => Kind::Request {
+                    con: p.msg_type() == MessageType::Con,
+                    mid: p.message_id(),
+                },
+                Inbound::Reset(rst, why) => {
+                    match why {
+                        ResetReason::FormatError(_) => c.nr_malformed.fetch_add(1, Relaxed),
+                        ResetReason::Ping | ResetReason::UnexpectedResponse => {
+                            c.nr_ignored.fetch_add(1, Relaxed)
+                        }
+                    };
+                    if udp::send_small(sock, info.peer, &rst).is_ok() {
+                        c.sh_sent.fetch_add(1, Relaxed);
+                    }
+                    Kind::Done
+                }
+                Inbound::Ack(mid) | Inbound::PeerReset(mid) => {
+                    if sh.separate.lock().remove(&(info.peer, mid)).is_none() {
+                        c.nr_ignored.fetch_add(1, Relaxed);
+                    }
+                    Kind::Done
+                }
+                Inbound::Drop(DropReason::FormatError | DropReason::Unreadable) => {
+                    c.nr_malformed.fetch_add(1, Relaxed);
+                    Kind::Done
+                }
+                Inbound::Drop(_) => {
+                    c.nr_ignored.fetch_add(1, Relaxed);
+                    Kind::Done
+                }
+            };
+            let Kind::Request { con, mid } = kind else {
+                continue;
+            };
+            let mut shard = sh.dedup_shard(&info.peer, mid).lock();
+            match shard.check(now, info.peer, mid, con) {
+                Seen::New => {
+                    drop(shard);
+                    jobs.push(Job {
+                        peer: info.peer,
+                        block,
+                        listener: li,
+                        received: now,
+                    });
+                }
+                Seen::Replay(o) => {
+                    let o = o.clone();
+                    drop(shard);
+                    c.nr_duplicates.fetch_add(1, Relaxed);
+                    sb.push(sock, info.peer, o);
+                }
+                Seen::InProgress | Seen::Duplicate => {
+                    c.nr_duplicates.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        let offered = jobs.len();
+        sh.queue.push_batch(&mut jobs, &mut rejected);
+        c.nr_requests
+            .fetch_add((offered - rejected.len()) as u64, Relaxed);
+        for job in rejected.drain(..) {
+            shed_at_queue(sh, &mut sb, sock, job);
+        }
+        let (sent, failed) = sb.flush(sock);
+        c.sh_sent.fetch_add(sent as u64, Relaxed);
+        c.sh_errors.fetch_add(failed as u64, Relaxed);
+    }
+}
+
+/// The queue is full: a NON is dropped, a CON gets 5.03 with Max-Age.
+fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, sock: &UdpSocket, job: Job) {
+    let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
+        return;
+    };
+    let mid = p.message_id();
+    if p.msg_type() != MessageType::Con {
+        sh.dedup_shard(&job.peer, mid).lock().forget(job.peer, mid);
+        sh.counters.nr_dropped.fetch_add(1, Relaxed);
+        return;
+    }
+    sh.counters.nr_rejected.fetch_add(1, Relaxed);
+    let max_age = Some(sh.cfg.coap.overload_max_age_s);
+    match simple_response(
+        &sh.pool,
+        MessageType::Ack,
+        mid,
+        p.token(),
+        Code::SERVICE_UNAVAILABLE,
+        max_age,
+    ) {
+        Some(o) => {
+            sh.dedup_shard(&job.peer, mid)
+                .lock()
+                .complete(job.peer, mid, o.clone());
+            let (s, f) = sb.push(sock, job.peer, o);
+            sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
+            sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
+        }
+        None => {
+            sh.dedup_shard(&job.peer, mid).lock().forget(job.peer, mid);
+        }
+    }
+}
+
+/// One HTP thread: take a batch, handle each request, send the batch.
+fn handler_loop(sh: &Shared, w: &Worker) {
+    let c = &sh.counters;
+    let hb = sh.cfg.pipeline.handler_batch;
+    let mut jobs: Vec<Job> = Vec::with_capacity(hb);
+    let mut sbs: Vec<SendBatch> = (0..sh.listeners.len())
+        .map(|_| SendBatch::new(sh.cfg.pipeline.send_batch))
+        .collect();
+    let slot = &sh.inflight[w.index().min(MAX_HTP_THREADS - 1)];
+    let max_payload = sh.cfg.coap.max_payload;
+    while !w.should_stop() {
+        let share = c.htp_threads.load(Relaxed).max(1) as usize;
+        sh.queue
+            .pop_batch(&mut jobs, hb, share, Duration::from_millis(100));
+        if jobs.is_empty() {
+            continue;
+        }
+        let t0 = Instant::now();
+        let router = sh.router.read().clone();
+        let n = jobs.len() as u64;
+        for job in jobs.drain(..) {
+            let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
+                continue;
+            };
+            let con = p.msg_type() == MessageType::Con;
+            let req_mid = p.message_id();
+            if con {
+                *slot.lock() = Some(InFlight {
+                    peer: job.peer,
+                    mid: req_mid,
+                    listener: job.listener,
+                    since: job.received,
+                    acked: false,
+                });
+            }
+            let req = Request {
+                peer: job.peer,
+                packet: &p,
+            };
+            let handled = process_request(&router, &sh.pool, &req, 64, max_payload);
+            let acked = con && slot.lock().take().is_some_and(|f| f.acked);
+            let (ty, mid) = match (con, acked) {
+                (false, _) => (MessageType::Non, sh.mid()),
+                (true, false) => (MessageType::Ack, req_mid),
+                (true, true) => (MessageType::Con, sh.mid()),
+            };
+            let answer = match handled {
+                Handled::Respond(rb) => finish_response(&sh.pool, rb, ty, mid, p.token()),
+                Handled::Silent => Answer::Silent,
+                Handled::Exhausted => Answer::Exhausted,
+            };
+            match answer {
+                Answer::Send(o) => {
+                    if con {
+                        sh.dedup_shard(&job.peer, req_mid).lock().complete(
+                            job.peer,
+                            req_mid,
+                            o.clone(),
+                        );
+                    }
+                    if acked {
+                        sh.separate.lock().insert(
+                            (job.peer, mid),
+                            Pending {
+                                msg: o.clone(),
+                                listener: job.listener,
+                                next: Instant::now() + ACK_TIMEOUT,
+                                timeout: ACK_TIMEOUT,
+                                retransmits: 0,
+                            },
+                        );
+                    }
+                    let (s, f) = sbs[job.listener].push(&sh.listeners[job.listener], job.peer, o);
+                    c.sh_sent.fetch_add(s as u64, Relaxed);
+                    c.sh_errors.fetch_add(f as u64, Relaxed);
+                }
+                Answer::Silent => {}
+                Answer::Exhausted => {
+                    c.htp_shed.fetch_add(1, Relaxed);
+                    sh.dedup_shard(&job.peer, req_mid)
+                        .lock()
+                        .forget(job.peer, req_mid);
+                }
+            }
+        }
+        drop(router);
+        for (i, sb) in sbs.iter_mut().enumerate() {
+            let (s, f) = sb.flush(&sh.listeners[i]);
+            c.sh_sent.fetch_add(s as u64, Relaxed);
+            c.sh_errors.fetch_add(f as u64, Relaxed);
+        }
+        c.htp_handled.fetch_add(n, Relaxed);
+        c.htp_busy_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+    }
+}
+
+/// Sends empty ACKs for slow handlers and retransmits separate responses.
+fn timer_loop(sh: &Shared) {
+    let tick = (sh.separate_after / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    while !sh.stop.load(Relaxed) {
+        std::thread::sleep(tick);
+        let now = Instant::now();
+        for slot in sh
+            .inflight
+            .iter()
+            .take(sh.counters.htp_threads.load(Relaxed) as usize)
+        {
+            let mut g = slot.lock();
+            if let Some(f) = g.as_mut() {
+                if !f.acked && now.duration_since(f.since) >= sh.separate_after {
+                    let ack = empty_message(MessageType::Ack, f.mid);
+                    if udp::send_small(&sh.listeners[f.listener], f.peer, &ack).is_ok() {
+                        sh.counters.sh_sent.fetch_add(1, Relaxed);
+                    }
+                    f.acked = true;
+                }
+            }
+        }
+        let mut sep = sh.separate.lock();
+        sep.retain(|(peer, _), p| {
+            if now < p.next {
+                return true;
+            }
+            if p.retransmits >= MAX_RETRANSMIT {
+                return false;
+            }
+            let mut sb = SendBatch::new(1);
+            sb.push(&sh.listeners[p.listener], *peer, p.msg.clone());
+            let (s, _) = sb.flush(&sh.listeners[p.listener]);
+            sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
+            p.retransmits += 1;
+            p.timeout *= 2;
+            p.next = now + p.timeout;
+            true
+        });
+    }
+}

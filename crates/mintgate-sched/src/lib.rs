@@ -1,0 +1,13 @@
+//! The System Scheduler (SPEC sections 0 and 1).
+//!
+//! - [`ThreadPool`]: a named pool whose size can be changed at run time, so
+//!   that a controller (VTA) can drive the Handler Thread Pool.
+//! - [`Observer`]: the Performance Observer. Every stage counts into one
+//!   [`PipelineCounters`]; the observer turns the counters into one
+//!   [`Sample`] per second and keeps the last ones.
+
+mod observer;
+mod pool;
+
+pub use observer::{Observer, PipelineCounters, Sample};
+pub use pool::{ThreadPool, Worker};
