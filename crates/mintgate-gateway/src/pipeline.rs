@@ -37,6 +37,8 @@ use crate::udp::{self, RecvBatch, SendBatch};
 /// Most HTP threads the pool may have.
 pub const MAX_HTP_THREADS: usize = 256;
 const DEDUP_SHARDS: usize = 16;
+/// Cached responses evicted per shard when the receiver finds no block.
+const EVICT_CHUNK: usize = 64;
 /// RFC 7252 4.8 defaults for separate CON responses.
 const ACK_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_RETRANSMIT: u8 = 4;
@@ -100,6 +102,15 @@ impl Shared {
         &self.dedup[h % DEDUP_SHARDS]
     }
 
+    /// Gives back buffers held by cached responses (oldest first) after an
+    /// allocation failed; returns how many entries went. The cache is the
+    /// only holder of blocks that can let go on demand.
+    fn reclaim(&self) -> usize {
+        let freed: usize = self.dedup.iter().map(|d| d.lock().evict(EVICT_CHUNK)).sum();
+        self.counters.dedup_evicted.fetch_add(freed as u64, Relaxed);
+        freed
+    }
+
     fn mid(&self) -> u16 {
         self.next_mid.fetch_add(1, Relaxed)
     }
@@ -149,6 +160,12 @@ impl Gateway {
             separate_after: Duration::from_millis(cfg.coap.separate_response_after_ms),
             cfg,
         });
+        let observer = Observer::start(
+            counters.clone(),
+            Duration::from_secs(1),
+            shared.cfg.pipeline.observer_samples,
+            |_| {},
+        )?;
         let threads = shared.cfg.threads().min(MAX_HTP_THREADS);
         let sh = shared.clone();
         let sh2 = shared.clone();
@@ -174,12 +191,6 @@ impl Gateway {
                 .name("coap-timer".into())
                 .spawn(move || timer_loop(&sh))?,
         );
-        let observer = Observer::start(
-            counters,
-            Duration::from_secs(1),
-            shared.cfg.pipeline.observer_samples,
-            |_| {},
-        )?;
         Ok(Gateway {
             shared,
             receivers,
@@ -306,7 +317,13 @@ fn receive_loop(sh: &Shared, li: usize) {
             }
         }
         if blocks.is_empty() {
-            // pool exhausted: read and shed one datagram so the socket drains visibly
+            // Pool exhausted. Cached responses may be what holds the blocks:
+            // give some back so that receiving can go on, then shed one
+            // datagram so the socket drains visibly.
+            let freed = sh.reclaim();
+            if freed > 0 {
+                continue;
+            }
             if sock.recv_from(&mut scratch).is_ok() {
                 c.nr_datagrams.fetch_add(1, Relaxed);
                 c.nr_dropped.fetch_add(1, Relaxed);
@@ -396,10 +413,7 @@ fn receive_loop(sh: &Shared, li: usize) {
                 }
             }
         }
-        let offered = jobs.len();
         sh.queue.push_batch(&mut jobs, &mut rejected);
-        c.nr_requests
-            .fetch_add((offered - rejected.len()) as u64, Relaxed);
         for job in rejected.drain(..) {
             shed_at_queue(sh, &mut sb, sock, job);
         }
@@ -483,7 +497,10 @@ fn handler_loop(sh: &Shared, w: &Worker) {
                 peer: job.peer,
                 packet: &p,
             };
-            let handled = process_request(&router, &sh.pool, &req, 64, max_payload);
+            let mut handled = process_request(&router, &sh.pool, &req, 64, max_payload);
+            if matches!(handled, Handled::Exhausted) && sh.reclaim() > 0 {
+                handled = process_request(&router, &sh.pool, &req, 64, max_payload);
+            }
             let acked = con && slot.lock().take().is_some_and(|f| f.acked);
             let (ty, mid) = match (con, acked) {
                 (false, _) => (MessageType::Non, sh.mid()),

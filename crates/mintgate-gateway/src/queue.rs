@@ -64,8 +64,9 @@ impl HtpQueue {
         self.max_bytes
     }
 
-    /// Moves every job of `batch` that fits onto the queue; jobs that do not
-    /// fit are moved to `rejected` in order.
+    /// Moves every job of `batch` that fits onto the queue (counting them as
+    /// accepted requests, the paper's R); jobs that do not fit are moved to
+    /// `rejected` in order.
     pub fn push_batch(&self, batch: &mut Vec<Job>, rejected: &mut Vec<Job>) {
         if batch.is_empty() {
             return;
@@ -82,6 +83,8 @@ impl HtpQueue {
                 pushed += 1;
             }
         }
+        // R is counted before any handler can see the jobs, so H never leads R
+        self.counters.nr_requests.fetch_add(pushed as u64, Relaxed);
         self.counters.queue_len.store(st.jobs.len() as u64, Relaxed);
         self.counters.queue_bytes.store(st.bytes as u64, Relaxed);
         drop(st);

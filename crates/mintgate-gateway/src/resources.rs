@@ -1,7 +1,10 @@
 //! Built-in resources.
 
 use mintgate_coap::server::{Resource, Router};
-use mintgate_coap::wire::ContentFormat;
+use std::sync::Arc;
+
+use mintgate_coap::wire::{Code, ContentFormat};
+use parking_lot::Mutex;
 
 /// The papers' benchmark resource: `GET /request` answers `hello world`
 /// (sent by reference from static memory: no payload copy).
@@ -16,10 +19,41 @@ pub fn hello() -> Resource {
         .attr("ct", "0")
 }
 
-/// The router a gateway starts with when nothing else is configured.
+/// A diagnostic resource for trying every method: `PUT` stores the payload
+/// (2.04), `GET` returns what was stored (2.05), `POST` answers with the
+/// payload it was sent (2.04), `DELETE` clears the store (2.02). The stored
+/// value is bounded by the gateway's `coap.max_payload`.
+pub fn echo() -> Resource {
+    let stored: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let (g, p) = (stored.clone(), stored.clone());
+    Resource::new("echo")
+        .get(move |_, rb| {
+            let v = g.lock();
+            rb.write(&v);
+        })
+        .put(move |req, rb| {
+            let mut v = p.lock();
+            v.clear();
+            v.extend_from_slice(req.payload());
+            rb.set_code(Code::CHANGED);
+        })
+        .post(|req, rb| {
+            rb.set_code(Code::CHANGED).write(req.payload());
+        })
+        .delete(move |_, rb| {
+            stored.lock().clear();
+            rb.set_code(Code::DELETED);
+        })
+        .attr("rt", "mintgate.echo")
+        .attr("title", "stores PUT, returns it on GET, echoes POST")
+}
+
+/// The router a gateway starts with when nothing else is configured:
+/// `/request` and `/echo`.
 pub fn default_router() -> Router {
     let mut r = Router::new();
-    // a fresh router has no paths, so this cannot collide
+    // a fresh router has no paths, so these cannot collide
     let _ = r.add(hello());
+    let _ = r.add(echo());
     r
 }

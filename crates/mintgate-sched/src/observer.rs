@@ -38,6 +38,8 @@ pub struct PipelineCounters {
     pub queue_bytes: AtomicU64,
     /// Requests shed by a handler because the pool had no block.
     pub htp_shed: AtomicU64,
+    /// Cached responses dropped early to free buffers for receiving.
+    pub dedup_evicted: AtomicU64,
     /// Datagrams the Send Handler transmitted.
     pub sh_sent: AtomicU64,
     /// Send errors.

@@ -108,6 +108,19 @@ impl<R> Dedup<R> {
         self.map.remove(&(peer, mid));
     }
 
+    /// Drops up to `n` of the oldest entries before their lifetime (to give
+    /// back the buffers their cached responses hold); returns how many went.
+    pub fn evict(&mut self, n: usize) -> usize {
+        let before = self.evicted_early;
+        for _ in 0..n {
+            if self.map.is_empty() {
+                break;
+            }
+            self.evict_oldest();
+        }
+        (self.evicted_early - before) as usize
+    }
+
     /// Entries held now.
     pub fn len(&self) -> usize {
         self.map.len()

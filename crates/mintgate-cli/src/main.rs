@@ -1,0 +1,80 @@
+//! `mintgate`: one binary for the gateway and its tools.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+mod bench;
+mod client;
+mod serve;
+
+/// mintgate: an IoT middleware and edge gateway (CoAP, HTTP/QUIC proxies, MQTT).
+#[derive(Parser)]
+#[command(name = "mintgate", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    /// Log filter, e.g. `info`, `debug`, `mintgate_gateway=trace` (also RUST_LOG).
+    #[arg(long, global = true, default_value = "info", env = "MINTGATE_LOG")]
+    log: String,
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the gateway: CoAP over UDP with the embedded defaults or a config file.
+    Serve(serve::ServeArgs),
+    /// Send a CoAP GET and print the response.
+    Get(client::RequestArgs),
+    /// Send a CoAP PUT and print the response.
+    Put(client::RequestArgs),
+    /// Send a CoAP POST and print the response.
+    Post(client::RequestArgs),
+    /// Send a CoAP DELETE and print the response.
+    Delete(client::RequestArgs),
+    /// Load-generate against one or more CoAP servers and report throughput and latency.
+    Bench(bench::BenchArgs),
+}
+
+fn init_logging(filter: &str, format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => b.init(),
+        LogFormat::Json => b.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log, cli.log_format);
+    use mintgate_coap::wire::Code;
+    let res = match cli.cmd {
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Get(a) => client::run(Code::GET, a),
+        Cmd::Put(a) => client::run(Code::PUT, a),
+        Cmd::Post(a) => client::run(Code::POST, a),
+        Cmd::Delete(a) => client::run(Code::DELETE, a),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    match res {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mintgate: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

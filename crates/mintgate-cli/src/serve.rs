@@ -1,0 +1,135 @@
+//! `mintgate serve`: run the gateway until SIGINT or SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use anyhow::Context;
+use mintgate_gateway::{resources, Config, Gateway};
+
+/// Arguments of `mintgate serve`.
+#[derive(clap::Args)]
+#[command(
+    after_help = "With no --config, the embedded defaults are used: CoAP on udp [::]:5683 \
+(IPv4 and IPv6), one handler thread per core, GET /request answering `hello world`.\n\
+Every config key is documented in docs/config.md; --print-config shows the effective values."
+)]
+pub struct ServeArgs {
+    /// TOML configuration file (every key optional).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// CoAP UDP address to listen on, e.g. 127.0.0.1:5683 or [::]:5683 (repeatable; replaces coap.bind).
+    #[arg(long, value_name = "ADDR")]
+    coap: Vec<SocketAddr>,
+    /// Handler threads (replaces pipeline.threads; 0 = cores).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// Log the Performance Observer's last sample every this many seconds while there is traffic (0 = never).
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    stats_every: u64,
+}
+
+/// Blocks SIGINT and SIGTERM in this thread (and the threads it starts
+/// afterwards), so that `wait_for_signal` can take them synchronously.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-set manipulation on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_for_signal(set: &libc::sigset_t, every: Duration, mut tick: impl FnMut()) -> i32 {
+    let ts = libc::timespec {
+        tv_sec: every.as_secs().max(1) as libc::time_t,
+        tv_nsec: 0,
+    };
+    loop {
+        // SAFETY: set and ts are valid; info may be null.
+        let r = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
+        if r > 0 {
+            return r;
+        }
+        tick();
+    }
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let mut cfg = match &a.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    if !a.coap.is_empty() {
+        cfg.coap.bind = a.coap.clone();
+    }
+    if let Some(t) = a.threads {
+        cfg.pipeline.threads = t;
+    }
+    cfg.validate()?;
+    if a.print_config {
+        print!("{}", cfg.to_toml());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let set = block_signals();
+    let gw =
+        Gateway::start(cfg.clone(), resources::default_router()).context("starting the gateway")?;
+    let addrs: Vec<String> = gw
+        .local_addrs()
+        .iter()
+        .map(|a| format!("udp {a}"))
+        .collect();
+    let pool_bytes: usize = cfg
+        .buffers
+        .partitions
+        .iter()
+        .map(|p| p.block_size * p.blocks as usize)
+        .sum();
+    tracing::info!(
+        listen = %addrs.join(", "),
+        htp_threads = gw.htp_threads(),
+        queue_bytes = gw.queue_bytes(),
+        pool_bytes,
+        "mintgate serving CoAP (coap://{}/request answers `hello world`); Ctrl-C to stop",
+        gw.local_addrs().first().map(|a| a.to_string()).unwrap_or_default()
+    );
+    let every = Duration::from_secs(a.stats_every.max(1));
+    let sig = wait_for_signal(&set, every, || {
+        if a.stats_every == 0 {
+            return;
+        }
+        if let Some(s) = gw.samples().last().filter(|s| s.datagrams > 0 || s.qs > 0) {
+            tracing::info!(
+                r = s.r,
+                h = s.h,
+                threads = s.n,
+                queue = s.qs,
+                dropped = s.dropped,
+                malformed = s.malformed,
+                duplicates = s.duplicates,
+                sent = s.sent,
+                "last second"
+            );
+        }
+    });
+    tracing::info!(signal = sig, "stopping");
+    let c = gw.counters().clone();
+    gw.shutdown();
+    tracing::info!(
+        datagrams = c.nr_datagrams.load(Relaxed),
+        handled = c.htp_handled.load(Relaxed),
+        dropped = c.nr_dropped.load(Relaxed),
+        rejected = c.nr_rejected.load(Relaxed),
+        malformed = c.nr_malformed.load(Relaxed),
+        "stopped"
+    );
+    Ok(ExitCode::SUCCESS)
+}

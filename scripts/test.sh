@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The whole mintgate test suite, from a fresh machine: installs the peers the
+# tests talk to (Debian packages), then format, lint, unit/property/
+# integration/interop tests, and a short fuzzing run of every fuzz target.
+#
+#   scripts/test.sh            # everything
+#   MINTGATE_FUZZ_SECONDS=0 scripts/test.sh   # skip the fuzz smoke run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+# Debian packages the tests need. apt-get update first: a new machine's lists are empty.
+PKGS=(libcoap3-bin)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (-D warnings)"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "cargo test (peers required)"
+export MINTGATE_REQUIRE_PEERS=1
+cargo test --workspace 2>&1 | tee target/test-output.txt
+
+fuzz_s="${MINTGATE_FUZZ_SECONDS:-20}"
+if [ "$fuzz_s" != "0" ]; then
+  step "fuzz smoke run (${fuzz_s}s per target, then corpus replay)"
+  MINTGATE_REQUIRE_FUZZ=1 scripts/fuzz.sh "$fuzz_s"
+fi
+
+# one closing line for CI, from cargo's own per-binary summaries
+passed=$(grep -Eo '[0-9]+ passed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+echo
+echo "tests: ${passed} passed, ${failed} failed"
