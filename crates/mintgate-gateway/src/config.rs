@@ -110,6 +110,8 @@ pub struct PipelineConfig {
     pub handler_batch: usize,
     /// Samples the Performance Observer keeps (one per second, at least 10).
     pub observer_samples: usize,
+    /// Microseconds an idle handler thread polls the queue before sleeping.
+    pub spin_us: u64,
 }
 
 impl Default for PipelineConfig {
@@ -121,6 +123,7 @@ impl Default for PipelineConfig {
             send_batch: 32,
             handler_batch: 32,
             observer_samples: 120,
+            spin_us: 50,
         }
     }
 }

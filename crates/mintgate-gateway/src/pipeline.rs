@@ -148,7 +148,8 @@ impl Gateway {
             pool: Pool::new(&cfg.partitions()),
             router: RwLock::new(Arc::new(router)),
             listeners,
-            queue: HtpQueue::new(cfg.queue_bytes(), counters.clone()),
+            queue: HtpQueue::new(cfg.queue_bytes(), counters.clone())
+                .with_spin(Duration::from_micros(cfg.pipeline.spin_us)),
             counters: counters.clone(),
             dedup: (0..DEDUP_SHARDS)
                 .map(|_| Mutex::new(Dedup::new(shard_cap, lifetimes.0, lifetimes.1)))

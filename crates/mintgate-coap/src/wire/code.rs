@@ -132,12 +132,12 @@ impl Code {
 
     /// A response code (class 2, 4 or 5).
     pub const fn is_response(self) -> bool {
-        matches!(self.class(), 2..=5)
+        matches!(self.class(), 2 | 4 | 5)
     }
 
-    /// Classes 1, 6 and 7 are reserved.
+    /// Classes other than 0, 2, 4 and 5 are reserved (RFC 7252 3).
     pub const fn is_reserved(self) -> bool {
-        matches!(self.class(), 1 | 6 | 7)
+        matches!(self.class(), 1 | 3 | 6 | 7)
     }
 
     /// The method or response name, where it has one.

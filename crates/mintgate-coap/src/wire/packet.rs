@@ -14,7 +14,7 @@ pub enum ParseError {
     UnknownVersion(u8),
     /// Token length 9-15 (reserved).
     TokenLength(u8),
-    /// Code class 1, 6 or 7 (reserved).
+    /// Code class 1, 3, 6 or 7 (reserved).
     ReservedCode(Code),
     /// An Empty message (0.00) with a token, options or payload.
     EmptyWithContent,
@@ -187,7 +187,8 @@ fn check(b: &[u8]) -> Result<(usize, usize), ParseError> {
     }
     let code = Code(b[1]);
     if code.is_empty() {
-        return if b.len() == HEADER_LEN {
+        // RFC 7252 4.1: token length 0 and nothing after the message ID
+        return if b.len() == HEADER_LEN && tkl == 0 {
             Ok((HEADER_LEN, HEADER_LEN))
         } else {
             Err(ParseError::EmptyWithContent)
