@@ -39,15 +39,19 @@ fn free_port() -> u16 {
 }
 
 fn serve(addr: &str) -> Server {
+    let log = std::env::temp_dir().join(format!(
+        "mintgate-serve-{}.log",
+        addr.replace([':', '[', ']'], "_")
+    ));
     let child = Command::new(env!("CARGO_BIN_EXE_mintgate"))
         .args(["serve", "--coap", addr, "--threads", "2"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
         .spawn()
         .expect("start mintgate serve");
-    let s = Server(child);
+    let mut s = Server(child);
     // wait until it answers
-    let end = Instant::now() + Duration::from_secs(10);
+    let end = Instant::now() + Duration::from_secs(15);
     while Instant::now() < end {
         if coap(&["-B", "1", "-m", "get"], &format!("coap://{addr}/request"))
             .0
@@ -55,9 +59,18 @@ fn serve(addr: &str) -> Server {
         {
             return s;
         }
+        if let Ok(Some(status)) = s.0.try_wait() {
+            panic!(
+                "mintgate serve exited ({status}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("mintgate serve did not come up on {addr}");
+    panic!(
+        "mintgate serve did not answer on {addr} within 15 s; its log: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
 }
 
 /// Runs coap-client-notls; returns (stdout, stderr).

@@ -112,6 +112,9 @@ pub struct PipelineConfig {
     pub observer_samples: usize,
     /// Microseconds an idle handler thread polls the queue before sleeping.
     pub spin_us: u64,
+    /// An idle handler thread first reads what waits in the socket (the
+    /// Network Receiver stage, run without blocking) before it sleeps.
+    pub handler_receives: bool,
 }
 
 impl Default for PipelineConfig {
@@ -123,7 +126,8 @@ impl Default for PipelineConfig {
             send_batch: 32,
             handler_batch: 32,
             observer_samples: 120,
-            spin_us: 50,
+            spin_us: 0,
+            handler_receives: true,
         }
     }
 }

@@ -297,42 +297,73 @@ enum Kind {
     Done,
 }
 
-/// Network Receiver: read a batch, classify, de-duplicate, queue.
-fn receive_loop(sh: &Shared, li: usize) {
-    let sock = &sh.listeners[li];
-    let b = sh.cfg.pipeline.receive_batch;
-    let c = &sh.counters;
-    let max_dgram = sh.cfg.coap.max_datagram;
-    let mut rb = RecvBatch::new(b);
-    let mut blocks: Vec<BlockMut> = Vec::with_capacity(b);
-    let mut got = Vec::with_capacity(b);
-    let mut jobs: Vec<Job> = Vec::with_capacity(b);
-    let mut rejected: Vec<Job> = Vec::with_capacity(b);
-    let mut sb = SendBatch::new(b);
-    let mut scratch = vec![0u8; max_dgram];
-    while !sh.stop.load(Relaxed) {
-        while blocks.len() < b {
+/// The Network Receiver stage for one listener: read a batch, classify,
+/// de-duplicate, queue. The dedicated `nr-N` thread runs it blocking; an
+/// idle handler thread runs it once without blocking before it sleeps
+/// (`pipeline.handler_receives`), which saves the hand-off (a futex wake and
+/// a context switch) whenever requests already wait in the socket. Either
+/// way the requests go through the HTP queue and are counted the same.
+struct Receiver {
+    li: usize,
+    batch: usize,
+    rb: RecvBatch,
+    blocks: Vec<BlockMut>,
+    got: Vec<udp::Received>,
+    jobs: Vec<Job>,
+    rejected: Vec<Job>,
+    sb: SendBatch,
+    scratch: Vec<u8>,
+}
+
+impl Receiver {
+    fn new(sh: &Shared, li: usize, batch: usize) -> Receiver {
+        Receiver {
+            li,
+            batch,
+            rb: RecvBatch::new(batch),
+            blocks: Vec::with_capacity(batch),
+            got: Vec::with_capacity(batch),
+            jobs: Vec::with_capacity(batch),
+            rejected: Vec::with_capacity(batch),
+            sb: SendBatch::new(batch),
+            scratch: vec![0u8; sh.cfg.coap.max_datagram],
+        }
+    }
+
+    /// One receive call and its processing; returns the datagrams read.
+    /// Without `blocking`, spare blocks go back to the pool afterwards, so an
+    /// idle handler does not sit on receive buffers.
+    fn receive_once(&mut self, sh: &Shared, blocking: bool) -> usize {
+        let sock = &sh.listeners[self.li];
+        let c = &sh.counters;
+        let max_dgram = sh.cfg.coap.max_datagram;
+        while self.blocks.len() < self.batch {
             match sh.pool.alloc(Layer::Receive, max_dgram, 0) {
-                Ok(bl) => blocks.push(bl),
+                Ok(bl) => self.blocks.push(bl),
                 Err(_) => break,
             }
         }
-        if blocks.is_empty() {
+        if self.blocks.is_empty() {
+            if !blocking {
+                return 0;
+            }
             // Pool exhausted. Cached responses may be what holds the blocks:
             // give some back so that receiving can go on, then shed one
             // datagram so the socket drains visibly.
-            let freed = sh.reclaim();
-            if freed > 0 {
-                continue;
+            if sh.reclaim() > 0 {
+                return 0;
             }
-            if sock.recv_from(&mut scratch).is_ok() {
+            if sock.recv_from(&mut self.scratch).is_ok() {
                 c.nr_datagrams.fetch_add(1, Relaxed);
                 c.nr_dropped.fetch_add(1, Relaxed);
             }
-            continue;
+            return 1;
         }
-        got.clear();
-        let n = match rb.recv(sock, &mut blocks, &mut got) {
+        self.got.clear();
+        let n = match self
+            .rb
+            .recv(sock, &mut self.blocks, &mut self.got, blocking)
+        {
             Ok(n) => n,
             Err(e)
                 if matches!(
@@ -342,17 +373,31 @@ fn receive_loop(sh: &Shared, li: usize) {
                         | io::ErrorKind::Interrupted
                 ) =>
             {
-                continue
+                0
             }
             Err(e) => {
                 tracing::warn!(error = %e, "receive failed");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
+                if blocking {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                0
             }
         };
+        if n > 0 {
+            self.process(sh, n);
+        }
+        if !blocking {
+            self.blocks.clear();
+        }
+        n
+    }
+
+    fn process(&mut self, sh: &Shared, n: usize) {
+        let sock = &sh.listeners[self.li];
+        let c = &sh.counters;
         let now = Instant::now();
         c.nr_datagrams.fetch_add(n as u64, Relaxed);
-        for (block, info) in blocks.drain(..n).zip(got.drain(..)) {
+        for (block, info) in self.blocks.drain(..n).zip(self.got.drain(..)) {
             if info.truncated {
                 c.nr_ignored.fetch_add(1, Relaxed);
                 continue;
@@ -396,10 +441,10 @@ fn receive_loop(sh: &Shared, li: usize) {
             match shard.check(now, info.peer, mid, con) {
                 Seen::New => {
                     drop(shard);
-                    jobs.push(Job {
+                    self.jobs.push(Job {
                         peer: info.peer,
                         block,
-                        listener: li,
+                        listener: self.li,
                         received: now,
                     });
                 }
@@ -407,20 +452,28 @@ fn receive_loop(sh: &Shared, li: usize) {
                     let o = o.clone();
                     drop(shard);
                     c.nr_duplicates.fetch_add(1, Relaxed);
-                    sb.push(sock, info.peer, o);
+                    self.sb.push(sock, info.peer, o);
                 }
                 Seen::InProgress | Seen::Duplicate => {
                     c.nr_duplicates.fetch_add(1, Relaxed);
                 }
             }
         }
-        sh.queue.push_batch(&mut jobs, &mut rejected);
-        for job in rejected.drain(..) {
-            shed_at_queue(sh, &mut sb, sock, job);
+        sh.queue.push_batch(&mut self.jobs, &mut self.rejected);
+        for job in self.rejected.drain(..) {
+            shed_at_queue(sh, &mut self.sb, sock, job);
         }
-        let (sent, failed) = sb.flush(sock);
+        let (sent, failed) = self.sb.flush(sock);
         c.sh_sent.fetch_add(sent as u64, Relaxed);
         c.sh_errors.fetch_add(failed as u64, Relaxed);
+    }
+}
+
+/// The dedicated Network Receiver thread of listener `li`.
+fn receive_loop(sh: &Shared, li: usize) {
+    let mut r = Receiver::new(sh, li, sh.cfg.pipeline.receive_batch);
+    while !sh.stop.load(Relaxed) {
+        r.receive_once(sh, true);
     }
 }
 
@@ -469,8 +522,16 @@ fn handler_loop(sh: &Shared, w: &Worker) {
         .collect();
     let slot = &sh.inflight[w.index().min(MAX_HTP_THREADS - 1)];
     let max_payload = sh.cfg.coap.max_payload;
+    let mut receivers: Vec<Receiver> = (0..sh.listeners.len())
+        .map(|li| Receiver::new(sh, li, sh.cfg.pipeline.receive_batch))
+        .collect();
     while !w.should_stop() {
         let share = c.htp_threads.load(Relaxed).max(1) as usize;
+        if sh.cfg.pipeline.handler_receives && sh.queue.is_empty_hint() {
+            for r in receivers.iter_mut() {
+                r.receive_once(sh, false);
+            }
+        }
         sh.queue
             .pop_batch(&mut jobs, hb, share, Duration::from_millis(100));
         if jobs.is_empty() {

@@ -102,14 +102,11 @@ impl HtpQueue {
         self.counters.queue_len.store(st.jobs.len() as u64, Relaxed);
         self.counters.queue_bytes.store(st.bytes as u64, Relaxed);
         drop(st);
-        match pushed {
-            0 => {}
-            1 => {
-                self.ready.notify_one();
-            }
-            _ => {
-                self.ready.notify_all();
-            }
+        // Wake one consumer; it wakes the next if it leaves work behind
+        // (see pop_batch). Waking all for every batch costs a context switch
+        // per idle thread that then finds nothing.
+        if pushed > 0 {
+            self.ready.notify_one();
         }
     }
 
@@ -131,20 +128,30 @@ impl HtpQueue {
         }
         let fair = st.jobs.len().div_ceil(share.max(1));
         let n = st.jobs.len().min(max).min(fair.max(1));
-        let st = &mut *st;
-        for job in st.jobs.drain(..n) {
-            st.bytes -= job.cost();
+        let state = &mut *st;
+        for job in state.jobs.drain(..n) {
+            state.bytes -= job.cost();
             out.push(job);
         }
-        self.len_hint.store(st.jobs.len(), Relaxed);
-        self.counters.queue_len.store(st.jobs.len() as u64, Relaxed);
-        self.counters.queue_bytes.store(st.bytes as u64, Relaxed);
+        let left = state.jobs.len();
+        self.len_hint.store(left, Relaxed);
+        self.counters.queue_len.store(left as u64, Relaxed);
+        self.counters.queue_bytes.store(state.bytes as u64, Relaxed);
+        drop(st);
+        if left > 0 && !out.is_empty() {
+            self.ready.notify_one();
+        }
     }
 
     /// Wakes every waiting consumer (after a resize or at shutdown).
     pub fn wake_all(&self) {
         let _st = self.state.lock();
         self.ready.notify_all();
+    }
+
+    /// True when the queue looked empty at the last push or pop (no lock).
+    pub fn is_empty_hint(&self) -> bool {
+        self.len_hint.load(Relaxed) == 0
     }
 
     /// Jobs queued now.

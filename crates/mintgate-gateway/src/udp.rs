@@ -71,15 +71,22 @@ impl RecvBatch {
         }
     }
 
-    /// Receives up to `blocks.len()` datagrams (blocking until the first
-    /// arrives or the socket's read timeout), each into its block, whose
-    /// data region is set to the datagram. Results go to `out`.
+    /// Receives up to `blocks.len()` datagrams, each into its block, whose
+    /// data region is set to the datagram. Results go to `out`. With
+    /// `blocking`, waits for the first one (up to the socket's read
+    /// timeout); without, returns `WouldBlock` at once when none is queued.
     pub fn recv(
         &mut self,
         sock: &UdpSocket,
         blocks: &mut [BlockMut],
         out: &mut Vec<Received>,
+        blocking: bool,
     ) -> io::Result<usize> {
+        let flags = if blocking {
+            libc::MSG_WAITFORONE
+        } else {
+            libc::MSG_DONTWAIT
+        };
         let n = blocks.len().min(self.hdrs.len());
         for (i, block) in blocks.iter_mut().enumerate().take(n) {
             let buf = block.whole_block_mut();
@@ -103,7 +110,7 @@ impl RecvBatch {
                 sock.as_raw_fd(),
                 self.hdrs.as_mut_ptr(),
                 n as u32,
-                libc::MSG_WAITFORONE,
+                flags,
                 std::ptr::null_mut(),
             )
         };
