@@ -52,6 +52,12 @@ pub struct BenchArgs {
     /// Load-generator threads, each owning a share of the clients.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Closed loop: send each client's window as one UDP GSO train, so its
+    /// requests land in the server's socket back to back (burst arrivals)
+    /// rather than one by one. Changes the load's shape: compare servers
+    /// with the same setting.
+    #[arg(long)]
+    gso: bool,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -105,6 +111,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             spec.warmup = args.warmup;
             spec.timeout = args.timeout;
             spec.threads = args.threads;
+            spec.gso = args.gso;
             Ok(Target { name, uri, spec })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -333,6 +340,7 @@ fn report_json(t: &Target, r: &LoadReport, base: &LoadReport) -> serde_json::Val
         "window": window,
         "rate_per_client": rate,
         "threads": t.spec.threads,
+        "gso": t.spec.gso,
         "duration_s": r.measured.as_secs_f64(),
         "timeout_s": t.spec.timeout.as_secs_f64(),
         "sent": r.sent,

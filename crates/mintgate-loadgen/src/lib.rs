@@ -100,6 +100,11 @@ pub struct LoadSpec {
     pub timeout: Duration,
     /// Worker threads (at least 1; at most one per client).
     pub threads: usize,
+    /// Send each client's batch as one UDP GSO train (`UDP_SEGMENT`): the
+    /// server gets the same datagrams, but back to back in its socket at
+    /// once (burst arrivals) instead of one by one. Off by default; falls
+    /// back to `sendmmsg` where the kernel has no UDP GSO.
+    pub gso: bool,
 }
 
 impl LoadSpec {
@@ -114,6 +119,7 @@ impl LoadSpec {
             warmup: Duration::from_secs(1),
             timeout: Duration::from_secs(2),
             threads: 1,
+            gso: false,
         }
     }
 
@@ -352,7 +358,7 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
             }
         };
         workers.push(
-            Worker::new(s, &template, cap, driver, timing, bins)
+            Worker::new(s, &template, cap, driver, timing, bins, spec.gso)
                 .map_err(|e| LoadError::Io("setting up the poll", e))?,
         );
     }

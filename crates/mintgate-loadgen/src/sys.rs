@@ -103,9 +103,83 @@ impl RecvBatch {
     }
 }
 
+/// Whether UDP generic segmentation offload works here: 0 unknown, 1 yes,
+/// 2 no (then every batch goes by `sendmmsg`).
+static GSO: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
 /// Sends the first `n` (<= [`BATCH`]) of `msgs`, each `len` bytes, on the
 /// connected, non-blocking socket `fd`; returns how many went out.
-pub fn send_batch(fd: RawFd, msgs: &mut [Box<[u8]>], len: usize, n: usize) -> io::Result<usize> {
+///
+/// With `gso`, the batch (all requests have the same length) leaves in one
+/// `sendmsg` with a `UDP_SEGMENT` of `len`, which the kernel splits into
+/// ordinary datagrams before delivery: the server gets the same datagrams,
+/// but all of them in its socket at once (burst arrivals).
+pub fn send_batch(
+    fd: RawFd,
+    msgs: &mut [Box<[u8]>],
+    len: usize,
+    n: usize,
+    gso: bool,
+) -> io::Result<usize> {
+    let n = n.min(BATCH).min(msgs.len());
+    if gso && n > 1 && n * len <= 65_000 && GSO.load(std::sync::atomic::Ordering::Relaxed) != 2 {
+        match send_gso(fd, msgs, len, n) {
+            Ok(sent) => {
+                GSO.store(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(sent);
+            }
+            Err(e)
+                if GSO.load(std::sync::atomic::Ordering::Relaxed) == 0
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL)
+                            | Some(libc::EOPNOTSUPP)
+                            | Some(libc::ENOPROTOOPT)
+                            | Some(libc::EIO)
+                    ) =>
+            {
+                GSO.store(2, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    send_mmsg(fd, msgs, len, n)
+}
+
+/// One `sendmsg` of `n` equal segments with `UDP_SEGMENT`; all or nothing.
+fn send_gso(fd: RawFd, msgs: &mut [Box<[u8]>], len: usize, n: usize) -> io::Result<usize> {
+    // SAFETY: all-zero is a valid iovec/msghdr.
+    let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
+    for (v, m) in iov.iter_mut().zip(msgs.iter_mut()).take(n) {
+        v.iov_base = m.as_mut_ptr().cast();
+        v.iov_len = len.min(m.len());
+    }
+    // cmsg buffer for one u16, aligned for cmsghdr
+    let mut cbuf = [0u64; 4];
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = n as _;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a size.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as _;
+    // SAFETY: msg_control points at `cbuf`, large enough for one cmsg of a u16.
+    unsafe {
+        let cm = libc::CMSG_FIRSTHDR(&msg);
+        (*cm).cmsg_level = libc::SOL_UDP;
+        (*cm).cmsg_type = libc::UDP_SEGMENT;
+        (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), len as u16);
+    }
+    // SAFETY: msg points at live iovecs over live buffers and at cbuf.
+    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n)
+}
+
+/// `sendmmsg` of the first `n` of `msgs`.
+fn send_mmsg(fd: RawFd, msgs: &mut [Box<[u8]>], len: usize, n: usize) -> io::Result<usize> {
     let n = n.min(BATCH).min(msgs.len());
     // SAFETY: all-zero is a valid iovec/mmsghdr (null pointers, zero lengths).
     let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };

@@ -134,6 +134,7 @@ pub struct Worker {
     /// Copies of the request template, patched per send.
     batch: Vec<Box<[u8]>>,
     req_len: usize,
+    gso: bool,
     rx: RecvBatch,
     timing: Timing,
     counts: Counts,
@@ -151,6 +152,7 @@ impl Worker {
         driver: Driver,
         timing: Timing,
         bins: usize,
+        gso: bool,
     ) -> io::Result<Worker> {
         let poll = Poll::new()?;
         let closed = matches!(driver, Driver::Closed);
@@ -176,6 +178,7 @@ impl Worker {
             driver,
             batch: (0..BATCH).map(|_| template.bytes().into()).collect(),
             req_len: template.bytes().len(),
+            gso,
             rx: RecvBatch::new(),
             timing,
             counts: Counts::default(),
@@ -334,7 +337,13 @@ impl Worker {
                 self.clients[c].owed = 0;
                 return;
             }
-            let went = match sys::send_batch(self.clients[c].fd, &mut self.batch, self.req_len, n) {
+            let went = match sys::send_batch(
+                self.clients[c].fd,
+                &mut self.batch,
+                self.req_len,
+                n,
+                self.gso,
+            ) {
                 Ok(s) => s,
                 Err(e) if is_transient(&e) => 0,
                 Err(_) => {
