@@ -8,6 +8,8 @@
 
 mod observer;
 mod pool;
+mod vta;
 
 pub use observer::{Observer, PipelineCounters, Sample};
 pub use pool::{ThreadPool, Worker};
+pub use vta::{Climb, Decision, Vta, VtaConfig};

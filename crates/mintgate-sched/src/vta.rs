@@ -1,0 +1,689 @@
+//! Variable Thread Adjustment (VTA): the size of the Handler Thread Pool,
+//! decided once per Performance Observer sample (paper 000, SPEC section 1).
+//!
+//! The controller is a deterministic state machine fed only [`Sample`]s: no
+//! clock, no threads, so every rule is tested on synthetic sequences.
+//!
+//! # The paper's equations, with the symbols kept
+//! For the sample of second t (rates per second):
+//! - `R_t` requests accepted by the Network Receiver, `H_t` completed by the
+//!   HTP, `N_t` (= `C_t`) HTP threads, `QS_t` queue length, `W` the minimum
+//!   retransmission wait (CoAP ACK_TIMEOUT, 2 s), n = 5 samples averaged.
+//! - (1) `HT_t` the per-thread handling rate; (2) `PD_t = (R_t - H_t) / HT_t`;
+//!   (3) `e_t` the mean of the last n arrival counts and
+//!   `Q_t = (QS_t + e_t) / (HT_t * W)`; (4) `P_{t+1} = max(PD_t, Q_t) + C_t`;
+//!   (5) `NT_max` grows while a thread more still raises throughput;
+//!   (6) `N_{t+1} = 1 if P < 1, NT_max if P > NT_max, else P`.
+//!
+//! # How the literal form is corrected (SPEC section 1)
+//! 1. **HT over busy time.** Averaged over wall time, `HT` falls whenever
+//!    threads idle, so `R_t - H_t` is ~0 in steady state and eq. 4 (a
+//!    `max(...) >= 0` plus `C_t`) can never shrink the pool. Here
+//!    `HT_t = sum(H) / sum(busy thread-seconds)` over the last n samples:
+//!    completions per *busy* thread-second, so `R_t / HT_t` is the number of
+//!    threads the arrivals actually need. `PD_t` is still computed and
+//!    reported, but it is not what sizes the pool.
+//! 2. **Q_t is a thread count, not an increment.** The consistent reading of
+//!    eq. 4 is `P_{t+1} = max(R_t / HT_t, Q_t)`: enough threads to match the
+//!    arrivals, and to clear the backlog plus the next second's arrivals
+//!    within `W`. No `+ C_t`, so the pool can shrink. One step further than
+//!    SPEC: with exactly `R_t / HT_t` threads a backlog smaller than about
+//!    one second of arrivals is never drained (`Q_t` is then the smaller
+//!    term), so the arrivals term also drains the backlog within `W`:
+//!    `P_{t+1} = max(R_t / HT_t + QS_t / (HT_t * W), Q_t)`. Without a
+//!    backlog it is exactly `R_t / HT_t`.
+//! 3. **NT_max is a hill climb on total throughput.** Eq. 5's condition
+//!    (`HT_d < 0 and HT > HT_max`) cannot hold; what the text means is: while
+//!    the pool is the bottleneck (saturated), try one thread more (or, while
+//!    throughput grows about linearly, half as many more again) and keep the
+//!    cap only if total throughput rose by more than `improve`; otherwise
+//!    fall back to the best count seen. The cap comes down by the same rule,
+//!    is re-probed every `reprobe_after` saturated seconds, and the climb
+//!    restarts from the core count when the per-thread rate at the same
+//!    thread count changes by more than `workload_change` (a new workload).
+//!
+//! So blocking handlers (sensor reads: `HT` low, throughput grows with
+//! threads) climb past the core count, and CPU-bound ones (throughput flat
+//! past the cores) do not.
+
+use crate::Sample;
+
+/// Tuning of the controller. The defaults are the paper's where it has one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VtaConfig {
+    /// Samples averaged for `HT_t` and `e_t` (the paper's n = 5).
+    pub n: usize,
+    /// `W`, the protocol's minimum retransmission wait in seconds (CoAP: 2).
+    pub w: f64,
+    /// Hard upper bound of the pool.
+    pub max_threads: usize,
+    /// Where the cap starts, and restarts after a workload change.
+    pub cores: usize,
+    /// Relative throughput gain that counts as "still raises throughput".
+    pub improve: f64,
+    /// Saturated samples at a new cap before it is judged.
+    pub hold: u32,
+    /// Saturated samples at a settled cap before one more thread is tried.
+    pub reprobe_after: u32,
+    /// Relative change of `HT` at the same thread count that means the
+    /// workload changed.
+    pub workload_change: f64,
+}
+
+impl Default for VtaConfig {
+    fn default() -> Self {
+        VtaConfig {
+            n: 5,
+            w: 2.0,
+            max_threads: 64,
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            improve: 0.05,
+            hold: 2,
+            reprobe_after: 30,
+            workload_change: 0.5,
+        }
+    }
+}
+
+/// What the cap did this second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Climb {
+    /// Not saturated, or still measuring.
+    Hold,
+    /// Raised: the last step raised throughput.
+    Up,
+    /// Lowered to the best count seen.
+    Down,
+    /// Raised by one to re-probe after a long settled period.
+    Reprobe,
+    /// The workload changed: measurements forgotten, cap back to the cores.
+    Reset,
+}
+
+/// One second's decision, with every intermediate term (for metrics/logs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Decision {
+    /// `R_t`, requests accepted per second.
+    pub r_t: f64,
+    /// `H_t`, requests completed per second.
+    pub h_t: f64,
+    /// `N_t`, threads during the sample.
+    pub n_t: usize,
+    /// `QS_t`, queue length at the end of the sample.
+    pub qs_t: u64,
+    /// `HT_t`, completions per busy thread-second (0 when unknown).
+    pub ht_t: f64,
+    /// `PD_t = (R_t - H_t) / HT_t` (reported; see the module docs).
+    pub pd_t: f64,
+    /// `e_t`, mean arrivals per second over the last n samples.
+    pub e_t: f64,
+    /// `Q_t = (QS_t + e_t) / (HT_t * W)`.
+    pub q_t: f64,
+    /// `P_{t+1} = max(R_t / HT_t + QS_t / (HT_t * W), Q_t)`.
+    pub p_next: f64,
+    /// `NT_max` after this second.
+    pub nt_max: usize,
+    /// `N_{t+1}`, the pool size to use now.
+    pub n_next: usize,
+    /// The pool was the bottleneck during the sample.
+    pub saturated: bool,
+    /// What the cap did.
+    pub climb: Climb,
+}
+
+/// The controller state: the cap and what it has measured.
+#[derive(Clone, Debug)]
+pub struct Vta {
+    cfg: VtaConfig,
+    nt_max: usize,
+    /// Smoothed saturated throughput at each thread count (index = count).
+    thr: Vec<Option<f64>>,
+    /// `HT` last seen at each thread count, for workload-change detection.
+    ht_at: Vec<Option<f64>>,
+    /// Saturated samples at the current cap.
+    at_cap: u32,
+    /// Saturated samples since the cap last moved.
+    settled: u32,
+    /// A count found no better than the one below it (not retried until the
+    /// next re-probe).
+    failed: Option<usize>,
+    /// Whether the last step up was about linear (then step up faster).
+    linear: bool,
+    ht_last: f64,
+}
+
+impl Vta {
+    /// A controller starting with the cap at `cfg.cores`.
+    pub fn new(cfg: VtaConfig) -> Vta {
+        let cap = cfg.max_threads.max(1);
+        Vta {
+            nt_max: cfg.cores.clamp(1, cap),
+            thr: vec![None; cap + 2],
+            ht_at: vec![None; cap + 2],
+            at_cap: 0,
+            settled: 0,
+            failed: None,
+            linear: false,
+            ht_last: 0.0,
+            cfg,
+        }
+    }
+
+    /// The cap now.
+    pub fn nt_max(&self) -> usize {
+        self.nt_max
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &VtaConfig {
+        &self.cfg
+    }
+
+    /// Decides `N_{t+1}` from the history (oldest first; the last sample is
+    /// second t). An empty history keeps one thread.
+    pub fn decide(&mut self, history: &[Sample]) -> Decision {
+        let Some(s) = history.last() else {
+            return self.idle_decision();
+        };
+        let dt = if s.dt > 0.0 { s.dt } else { 1.0 };
+        let recent = &history[history.len().saturating_sub(self.cfg.n)..];
+        let r_t = s.r as f64 / dt;
+        let h_t = s.h as f64 / dt;
+        let n_t = (s.n as usize).max(1);
+        let qs_t = s.qs;
+
+        // (1) HT over busy thread-seconds of the last n samples
+        let (sum_h, sum_busy) = recent
+            .iter()
+            .fold((0.0, 0.0), |(h, b), x| (h + x.h as f64, b + x.busy));
+        if sum_busy > 1e-3 && sum_h > 0.0 {
+            self.ht_last = sum_h / sum_busy;
+        }
+        let ht_t = self.ht_last;
+        // (3) e_t: mean arrivals per second over the last n samples
+        let e_t = recent
+            .iter()
+            .map(|x| x.r as f64 / if x.dt > 0.0 { x.dt } else { 1.0 })
+            .sum::<f64>()
+            / recent.len() as f64;
+        let (pd_t, q_t, need) = if ht_t > 0.0 {
+            (
+                (r_t - h_t) / ht_t,
+                (qs_t as f64 + e_t) / (ht_t * self.cfg.w),
+                r_t / ht_t + qs_t as f64 / (ht_t * self.cfg.w),
+            )
+        } else {
+            // never saw a completion: only arrivals or a backlog ask for a thread
+            let want = if r_t > 0.0 || qs_t > 0 {
+                n_t as f64 + 1.0
+            } else {
+                0.0
+            };
+            (0.0, want, want)
+        };
+        // (4), corrected: arrivals (plus draining the backlog within W), or
+        // Q_t, whichever asks for more
+        let p_next = need.max(q_t);
+
+        // saturated: demand above the threads there were, or a backlog that
+        // does not shrink
+        let prev_qs = history
+            .len()
+            .checked_sub(2)
+            .map(|i| history[i].qs)
+            .unwrap_or(0);
+        let saturated =
+            p_next > n_t as f64 + 0.5 || (qs_t > 0 && qs_t >= prev_qs && qs_t as f64 > 0.05 * e_t);
+
+        let want = if p_next.is_finite() {
+            p_next.ceil().max(1.0) as usize
+        } else {
+            n_t
+        };
+        let climb = self.climb(n_t, h_t, want, saturated, s);
+        // (6)
+        let n_next = if p_next < 1.0 {
+            1
+        } else {
+            (p_next.ceil() as usize).min(self.nt_max)
+        }
+        .max(1);
+        Decision {
+            r_t,
+            h_t,
+            n_t,
+            qs_t,
+            ht_t,
+            pd_t,
+            e_t,
+            q_t,
+            p_next,
+            nt_max: self.nt_max,
+            n_next,
+            saturated,
+            climb,
+        }
+    }
+
+    fn idle_decision(&self) -> Decision {
+        Decision {
+            r_t: 0.0,
+            h_t: 0.0,
+            n_t: 1,
+            qs_t: 0,
+            ht_t: self.ht_last,
+            pd_t: 0.0,
+            e_t: 0.0,
+            q_t: 0.0,
+            p_next: 0.0,
+            nt_max: self.nt_max,
+            n_next: 1,
+            saturated: false,
+            climb: Climb::Hold,
+        }
+    }
+
+    /// (5): the hill climb of `NT_max` on total throughput. `want` is the
+    /// thread count the arrivals and backlog ask for (`ceil(P_{t+1})`).
+    fn climb(&mut self, n_t: usize, h_t: f64, want: usize, saturated: bool, s: &Sample) -> Climb {
+        let cap = self.cfg.max_threads.max(1);
+        let n_idx = n_t.min(cap);
+        // workload change: the per-thread rate at this very thread count moved
+        if s.busy > 0.2 && s.h > 0 {
+            let ht_now = s.h as f64 / s.busy;
+            if let Some(old) = self.ht_at[n_idx] {
+                if (ht_now / old - 1.0).abs() > self.cfg.workload_change {
+                    self.thr.iter_mut().for_each(|x| *x = None);
+                    self.ht_at.iter_mut().for_each(|x| *x = None);
+                    self.ht_at[n_idx] = Some(ht_now);
+                    self.nt_max = self.cfg.cores.clamp(1, cap);
+                    self.at_cap = 0;
+                    self.settled = 0;
+                    self.failed = None;
+                    self.linear = false;
+                    return Climb::Reset;
+                }
+                self.ht_at[n_idx] = Some(0.7 * old + 0.3 * ht_now);
+            } else {
+                self.ht_at[n_idx] = Some(ht_now);
+            }
+        }
+        if !saturated {
+            return Climb::Hold;
+        }
+        // saturated: what was handled is what n_t threads can do
+        let t = &mut self.thr[n_idx];
+        *t = Some(match *t {
+            Some(old) => 0.5 * old + 0.5 * h_t,
+            None => h_t,
+        });
+        if n_t != self.nt_max {
+            return Climb::Hold;
+        }
+        self.at_cap += 1;
+        self.settled += 1;
+        let here = self.thr[n_idx].unwrap_or(0.0);
+        let (best_below_n, best_below) = (1..n_idx)
+            .filter_map(|k| self.thr[k].map(|v| (k, v)))
+            .fold((0, 0.0), |acc, (k, v)| if v > acc.1 { (k, v) } else { acc });
+        let judged = self.at_cap >= self.cfg.hold;
+        if judged && best_below_n > 0 && here <= best_below * (1.0 + self.cfg.improve) {
+            // no better than a smaller count: go back to the best one seen,
+            // and do not try this many again until the next re-probe
+            self.failed = Some(self.nt_max);
+            self.nt_max = best_below_n;
+            self.at_cap = 0;
+            self.settled = 0;
+            self.linear = false;
+            return Climb::Down;
+        }
+        // How far up, once this count has proven itself: towards what the
+        // arrivals need (at most doubling) while nothing has failed; else one
+        // more (half as many more while growth was about linear); always
+        // below a count that failed.
+        if !judged {
+            return Climb::Hold;
+        }
+        let mut target = if want > self.nt_max && self.failed.is_none() {
+            // at most double, so that a cliff between here and `want` is
+            // measured rather than jumped over
+            want.min(2 * self.nt_max)
+        } else {
+            self.linear = best_below_n > 0
+                && here
+                    >= best_below
+                        * (1.0 + 0.8 * (n_idx - best_below_n) as f64 / best_below_n as f64);
+            let step = if self.linear && self.failed.is_none() {
+                (self.nt_max / 2).max(1)
+            } else {
+                1
+            };
+            self.nt_max + step
+        };
+        let mut climb = Climb::Up;
+        if let Some(f) = self.failed {
+            if self.settled >= self.cfg.reprobe_after {
+                self.failed = None;
+                target = target.max(self.nt_max + 1);
+                climb = Climb::Reprobe;
+            } else if target >= f {
+                target = f - 1;
+            }
+        }
+        let target = target.min(cap);
+        if target <= self.nt_max {
+            return Climb::Hold;
+        }
+        self.nt_max = target;
+        self.at_cap = 0;
+        self.settled = 0;
+        climb
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A synthetic server: what `n` threads can complete per second.
+    #[derive(Clone, Copy)]
+    enum Work {
+        /// Handlers that block (sensor reads): each thread does `per_thread`/s.
+        Blocking { per_thread: f64 },
+        /// CPU-bound handlers on `cores` cores; past the cores each extra
+        /// thread costs `penalty` of the total (switching).
+        Cpu {
+            per_core: f64,
+            cores: f64,
+            penalty: f64,
+        },
+        /// Blocking up to `knee` threads, then a cliff to `drop` of the rate.
+        Cliff {
+            per_thread: f64,
+            knee: usize,
+            drop: f64,
+        },
+    }
+
+    impl Work {
+        fn capacity(self, n: usize) -> f64 {
+            let nf = n as f64;
+            match self {
+                Work::Blocking { per_thread } => nf * per_thread,
+                Work::Cpu {
+                    per_core,
+                    cores,
+                    penalty,
+                } => per_core * nf.min(cores) * (1.0 - penalty * (nf - cores).max(0.0)).max(0.1),
+                Work::Cliff {
+                    per_thread,
+                    knee,
+                    drop,
+                } => {
+                    if n <= knee {
+                        nf * per_thread
+                    } else {
+                        knee as f64 * per_thread * drop
+                    }
+                }
+            }
+        }
+
+        /// Busy thread-seconds to complete `h` with `n` threads.
+        fn busy(self, h: f64, n: usize) -> f64 {
+            let cap = self.capacity(n);
+            if cap <= 0.0 {
+                return 0.0;
+            }
+            // busy time scales with the share of capacity used
+            n as f64 * (h / cap).min(1.0)
+        }
+    }
+
+    const QUEUE_BOUND: f64 = 20_000.0;
+
+    struct Plant {
+        work: Work,
+        queue: f64,
+        t: f64,
+        hist: Vec<Sample>,
+        diff: f64,
+        arrived: f64,
+    }
+
+    impl Plant {
+        fn new(work: Work) -> Plant {
+            Plant {
+                work,
+                queue: 0.0,
+                t: 0.0,
+                hist: Vec::new(),
+                diff: 0.0,
+                arrived: 0.0,
+            }
+        }
+
+        /// One second at arrival rate `r` with `n` threads.
+        fn step(&mut self, r: f64, n: usize) -> &[Sample] {
+            let cap = self.work.capacity(n);
+            let h = (self.queue + r).min(cap);
+            // the HTP queue is bounded: what does not fit is shed
+            self.queue = (self.queue + r - h).min(QUEUE_BOUND);
+            self.t += 1.0;
+            self.arrived += r;
+            self.diff += (r - h).abs();
+            self.hist.push(Sample {
+                t: self.t,
+                dt: 1.0,
+                r: r as u64,
+                h: h as u64,
+                n: n as u64,
+                qs: self.queue as u64,
+                busy: self.work.busy(h, n),
+                ..Sample::default()
+            });
+            if self.hist.len() > 60 {
+                self.hist.remove(0);
+            }
+            &self.hist
+        }
+    }
+
+    fn cfg() -> VtaConfig {
+        VtaConfig {
+            cores: 2,
+            max_threads: 64,
+            ..VtaConfig::default()
+        }
+    }
+
+    /// Runs `secs` seconds at rate `r`; returns the thread counts used.
+    fn run(v: &mut Vta, p: &mut Plant, n: &mut usize, r: f64, secs: usize) -> Vec<usize> {
+        let mut used = Vec::new();
+        for _ in 0..secs {
+            let d = v.decide(p.step(r, *n));
+            *n = d.n_next;
+            used.push(*n);
+        }
+        used
+    }
+
+    #[test]
+    fn overload_with_blocking_handlers_grows_past_the_cores_within_seconds() {
+        // 200 us per request and thread: 5000/s per thread; 60k/s needs 12
+        let work = Work::Blocking { per_thread: 5000.0 };
+        let (mut v, mut p, mut n) = (Vta::new(cfg()), Plant::new(work), 2);
+        let used = run(&mut v, &mut p, &mut n, 60_000.0, 40);
+        let first_enough = used
+            .iter()
+            .position(|&k| k >= 12)
+            .expect("reaches 12 threads");
+        assert!(first_enough <= 15, "took {first_enough} s: {used:?}");
+        // and no further than the arrivals need (plus the backlog)
+        assert!(
+            used[30..].iter().all(|&k| (12..=14).contains(&k)),
+            "{used:?}"
+        );
+    }
+
+    #[test]
+    fn cpu_bound_handlers_stay_near_the_cores_and_lose_under_5_percent() {
+        let work = Work::Cpu {
+            per_core: 50_000.0,
+            cores: 2.0,
+            penalty: 0.03,
+        };
+        let (mut v, mut p, mut n) = (Vta::new(cfg()), Plant::new(work), 2);
+        let used = run(&mut v, &mut p, &mut n, 200_000.0, 60);
+        assert!(used[20..].iter().all(|&k| k <= 3), "{used:?}");
+        let tail: Vec<_> = p.hist[p.hist.len() - 30..]
+            .iter()
+            .map(|s| s.h as f64)
+            .collect();
+        let mean = tail.iter().sum::<f64>() / tail.len() as f64;
+        let best = work.capacity(2);
+        assert!(
+            mean >= 0.95 * best,
+            "mean {mean} vs best fixed {best}: {used:?}"
+        );
+    }
+
+    #[test]
+    fn idle_returns_to_one_thread_within_10_seconds() {
+        let work = Work::Blocking { per_thread: 5000.0 };
+        let (mut v, mut p, mut n) = (Vta::new(cfg()), Plant::new(work), 2);
+        run(&mut v, &mut p, &mut n, 60_000.0, 30);
+        assert!(n > 2);
+        let used = run(&mut v, &mut p, &mut n, 0.0, 10);
+        let backlog_secs = used.iter().position(|&k| k == 1).expect("back to 1");
+        assert!(backlog_secs < 10, "{used:?}");
+        assert_eq!(*used.last().unwrap(), 1);
+    }
+
+    #[test]
+    fn steady_load_under_capacity_is_tracked() {
+        // 22k/s with 5000/s per thread: 5 threads; the handled rate follows
+        let work = Work::Blocking { per_thread: 5000.0 };
+        let (mut v, mut p, mut n) = (Vta::new(cfg()), Plant::new(work), 1);
+        let used = run(&mut v, &mut p, &mut n, 22_000.0, 60);
+        assert!(used[20..].iter().all(|&k| (5..=6).contains(&k)), "{used:?}");
+        // cumulative |NR - HTP| under 1 % of the requests after start-up
+        let settled: f64 = p.hist[20..]
+            .iter()
+            .map(|s| (s.r as f64 - s.h as f64).abs())
+            .sum();
+        let total: f64 = p.hist[20..].iter().map(|s| s.r as f64).sum();
+        assert!(settled < 0.01 * total, "{settled} of {total}");
+    }
+
+    #[test]
+    fn varying_load_keeps_the_cumulative_difference_under_one_percent() {
+        // two minutes of a load swinging between 5k and 35k/s (capacity is
+        // 5000/s per thread, up to 64 threads), as in the paper's Fig. 7
+        let work = Work::Blocking { per_thread: 5000.0 };
+        let (mut v, mut p, mut n) = (Vta::new(cfg()), Plant::new(work), 1);
+        // warm-up at the profile's peak: the controller finds the capacity
+        // first, so that the varying load stays under it
+        run(&mut v, &mut p, &mut n, 35_000.0, 30);
+        // and drains what the warm-up queued
+        run(&mut v, &mut p, &mut n, 20_000.0, 10);
+        assert_eq!(p.queue, 0.0);
+        let mut worst: f64 = 0.0;
+        let (mut cum, mut arrived) = (0.0, 0.0);
+        for t in 0..120 {
+            let r = 20_000.0 + 15_000.0 * (t as f64 * std::f64::consts::TAU / 60.0).sin();
+            let h = {
+                let hist = p.step(r, n);
+                let last = hist.last().unwrap();
+                last.h as f64
+            };
+            let d = v.decide(&p.hist);
+            if std::env::var_os("VTA_TRACE").is_some() {
+                eprintln!(
+                    "t={t} r={r:.0} h={h:.0} n={n} -> {} cap={} q={} {:?}",
+                    d.n_next, d.nt_max, p.queue, d.climb
+                );
+            }
+            n = d.n_next;
+            cum += r - h;
+            arrived += r;
+            worst = worst.max(cum.abs());
+        }
+        // the largest cumulative NR - HTP difference, against the run's requests
+        assert!(
+            worst < 0.01 * arrived,
+            "cumulative NR-HTP difference reached {worst} of {arrived} requests"
+        );
+    }
+
+    #[test]
+    fn a_throughput_cliff_stops_the_climb_before_it() {
+        let work = Work::Cliff {
+            per_thread: 5000.0,
+            knee: 6,
+            drop: 0.5,
+        };
+        let (mut v, mut p, mut n) = (Vta::new(cfg()), Plant::new(work), 2);
+        let used = run(&mut v, &mut p, &mut n, 100_000.0, 90);
+        // probes past the knee are allowed, settling there is not
+        let late = &used[40..];
+        let over = late.iter().filter(|&&k| k > 6).count();
+        assert!(
+            over * 10 <= late.len(),
+            "{over} of {} s past the knee: {used:?}",
+            late.len()
+        );
+        assert_eq!(v.nt_max(), 6, "{used:?}");
+    }
+
+    #[test]
+    fn a_workload_change_lowers_the_cap_again() {
+        let blocking = Work::Blocking { per_thread: 5000.0 };
+        let (mut v, mut p, mut n) = (Vta::new(cfg()), Plant::new(blocking), 2);
+        run(&mut v, &mut p, &mut n, 100_000.0, 40);
+        assert!(v.nt_max() > 10, "climbed: {}", v.nt_max());
+        p.work = Work::Cpu {
+            per_core: 50_000.0,
+            cores: 2.0,
+            penalty: 0.03,
+        };
+        let used = run(&mut v, &mut p, &mut n, 200_000.0, 40);
+        assert!(
+            v.nt_max() <= 3,
+            "cap {} after the change: {used:?}",
+            v.nt_max()
+        );
+        assert!(used[20..].iter().all(|&k| k <= 3), "{used:?}");
+    }
+
+    #[test]
+    fn decision_reports_the_paper_terms() {
+        let mut v = Vta::new(cfg());
+        let hist = vec![
+            Sample {
+                dt: 1.0,
+                r: 1000,
+                h: 800,
+                n: 2,
+                qs: 200,
+                busy: 1.6,
+                ..Sample::default()
+            };
+            5
+        ];
+        let d = v.decide(&hist);
+        assert_eq!(d.ht_t, 500.0, "800 completions per 1.6 busy thread-seconds");
+        assert_eq!(d.pd_t, 0.4);
+        assert_eq!(d.e_t, 1000.0);
+        assert_eq!(d.q_t, 1.2, "(200 + 1000) / (500 * 2)");
+        assert!(
+            (d.p_next - 2.2).abs() < 1e-9,
+            "max(R/HT + QS/(HT W) = 2.2, Q = 1.2): {}",
+            d.p_next
+        );
+        assert_eq!(d.n_next, 2, "3 wanted, capped at NT_max = cores = 2");
+        assert!(v.decide(&[]).n_next == 1);
+    }
+}
