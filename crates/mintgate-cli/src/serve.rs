@@ -26,6 +26,15 @@ pub struct ServeArgs {
     /// Handler threads (replaces pipeline.threads; 0 = cores).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// How the handler pool is sized: `vta` (resized every second by the
+    /// VTA controller; the default) or `fixed:N` (replaces pipeline.pool).
+    #[arg(long, value_name = "vta|fixed:N")]
+    pool: Option<mintgate_gateway::config::PoolMode>,
+    /// Simulated cost of GET /request, for experiments: `none`, `block:200us`
+    /// (waits, like a sensor read) or `spin:20us` (burns CPU); replaces
+    /// resources.request_cost.
+    #[arg(long, value_name = "COST")]
+    handler_cost: Option<mintgate_gateway::config::HandlerCost>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -74,6 +83,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = a.threads {
         cfg.pipeline.threads = t;
     }
+    if let Some(p) = a.pool {
+        cfg.pipeline.pool = p;
+    }
+    if let Some(c) = a.handler_cost {
+        cfg.resources.request_cost = c;
+    }
     cfg.validate()?;
     if a.print_config {
         print!("{}", cfg.to_toml());
@@ -81,7 +96,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let set = block_signals();
     let gw =
-        Gateway::start(cfg.clone(), resources::default_router()).context("starting the gateway")?;
+        Gateway::start(cfg.clone(), resources::router_for(&cfg)).context("starting the gateway")?;
     let addrs: Vec<String> = gw
         .local_addrs()
         .iter()
@@ -96,6 +111,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     tracing::info!(
         listen = %addrs.join(", "),
         htp_threads = gw.htp_threads(),
+        pool = %cfg.pipeline.pool,
+        request_cost = %cfg.resources.request_cost,
         queue_bytes = gw.queue_bytes(),
         pool_bytes,
         "mintgate serving CoAP (coap://{}/request answers `hello world`); Ctrl-C to stop",

@@ -47,6 +47,184 @@ pub struct Config {
     pub pipeline: PipelineConfig,
     /// `[buffers]`: the block pool.
     pub buffers: BufferConfig,
+    /// `[vta]`: the self-sizing handler pool's controller.
+    pub vta: VtaSection,
+    /// `[resources]`: the built-in resources.
+    pub resources: ResourcesConfig,
+}
+
+/// `[vta]`: tuning of the Variable Thread Adjustment controller (used when
+/// `pipeline.pool = "vta"`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VtaSection {
+    /// Samples averaged for HT_t and e_t (the paper's n).
+    pub n: usize,
+    /// W, the minimum retransmission wait in seconds (CoAP ACK_TIMEOUT).
+    pub w_s: f64,
+    /// Most handler threads the controller may use.
+    pub max_threads: usize,
+    /// Relative throughput gain that justifies one more thread.
+    pub improve: f64,
+    /// Saturated seconds at a new cap before it is judged.
+    pub hold_s: u32,
+    /// Saturated seconds at a settled cap before one more thread is tried.
+    pub reprobe_after_s: u32,
+    /// Relative change of the per-thread rate that restarts the climb.
+    pub workload_change: f64,
+    /// Queueing delay, second after second, that marks the pool as the
+    /// bottleneck even when arrivals do not exceed it (closed-loop clients).
+    pub queue_delay_ms: f64,
+}
+
+impl Default for VtaSection {
+    fn default() -> Self {
+        let d = mintgate_sched::VtaConfig::default();
+        VtaSection {
+            n: d.n,
+            w_s: d.w,
+            max_threads: d.max_threads,
+            improve: d.improve,
+            hold_s: d.hold,
+            reprobe_after_s: d.reprobe_after,
+            workload_change: d.workload_change,
+            queue_delay_ms: d.queue_delay * 1e3,
+        }
+    }
+}
+
+/// `[resources]`
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResourcesConfig {
+    /// What answering `GET /request` costs, for experiments: `"none"`,
+    /// `"block:200us"` (waits, like a sensor read) or `"spin:20us"` (burns CPU).
+    pub request_cost: HandlerCost,
+}
+
+/// A simulated cost of a handler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HandlerCost {
+    /// Answer at once.
+    #[default]
+    None,
+    /// Sleep this long (a blocking sensor read).
+    Block(std::time::Duration),
+    /// Burn CPU this long.
+    Spin(std::time::Duration),
+}
+
+impl std::str::FromStr for HandlerCost {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "none" {
+            return Ok(HandlerCost::None);
+        }
+        let (kind, d) = s
+            .split_once(':')
+            .ok_or_else(|| format!("`{s}`: expected none, block:DURATION or spin:DURATION"))?;
+        let d = parse_duration(d)?;
+        match kind {
+            "block" => Ok(HandlerCost::Block(d)),
+            "spin" => Ok(HandlerCost::Spin(d)),
+            _ => Err(format!("`{kind}`: expected block or spin")),
+        }
+    }
+}
+
+impl std::fmt::Display for HandlerCost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandlerCost::None => write!(f, "none"),
+            HandlerCost::Block(d) => write!(f, "block:{}us", d.as_micros()),
+            HandlerCost::Spin(d) => write!(f, "spin:{}us", d.as_micros()),
+        }
+    }
+}
+
+impl Serialize for HandlerCost {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for HandlerCost {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// How the handler pool is sized.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolMode {
+    /// By the VTA controller, every second.
+    #[default]
+    Vta,
+    /// A fixed number of threads (0 = the number of cores).
+    Fixed(usize),
+}
+
+impl std::str::FromStr for PoolMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "vta" => Ok(PoolMode::Vta),
+            "fixed" => Ok(PoolMode::Fixed(0)),
+            _ => match s.strip_prefix("fixed:") {
+                Some(n) => n
+                    .parse()
+                    .map(PoolMode::Fixed)
+                    .map_err(|_| format!("`{n}`: not a thread count")),
+                None => Err(format!("`{s}`: expected vta, fixed or fixed:N")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for PoolMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolMode::Vta => write!(f, "vta"),
+            PoolMode::Fixed(n) => write!(f, "fixed:{n}"),
+        }
+    }
+}
+
+impl Serialize for PoolMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for PoolMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses `200us`, `20ms`, `1.5s`, `2m` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| c.is_ascii_alphabetic())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}`: not a duration (e.g. 200us, 20ms, 1.5s)"))?;
+    let secs = match unit {
+        "us" | "µs" => v / 1e6,
+        "ms" => v / 1e3,
+        "s" => v,
+        "m" => v * 60.0,
+        _ => return Err(format!("`{unit}`: unknown unit (us, ms, s, m)")),
+    };
+    if !(0.0..=86_400.0).contains(&secs) {
+        return Err(format!("`{s}`: out of range"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 /// `[coap]`
@@ -100,7 +278,11 @@ pub struct PipelineConfig {
     /// HTP queue bound in bytes (datagram blocks held); 0 = 1 % of RAM,
     /// clamped to 256 KiB..8 MiB.
     pub queue_bytes: usize,
-    /// HTP threads; 0 = the number of cores.
+    /// How the Handler Thread Pool is sized: `"vta"` (the controller resizes
+    /// it every second from the Observer's samples), `"fixed:N"` or
+    /// `"fixed"` (= `threads`).
+    pub pool: PoolMode,
+    /// HTP threads at start (and for `pool = "fixed"`); 0 = the number of cores.
     pub threads: usize,
     /// Datagrams per recvmmsg call.
     pub receive_batch: usize,
@@ -121,6 +303,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             queue_bytes: 0,
+            pool: PoolMode::Vta,
             threads: 0,
             receive_batch: 32,
             send_batch: 32,
@@ -264,7 +447,31 @@ impl Config {
                 return v(key, format!("{val} is outside 1..=1048576"));
             }
         }
+        if self.vta.n == 0
+            || self.vta.max_threads == 0
+            || self.vta.w_s.is_nan()
+            || self.vta.w_s <= 0.0
+        {
+            return v("vta", "n, max_threads and w_s must be positive".into());
+        }
         Ok(())
+    }
+
+    /// The VTA controller's configuration.
+    pub fn vta_config(&self) -> mintgate_sched::VtaConfig {
+        mintgate_sched::VtaConfig {
+            n: self.vta.n,
+            w: self.vta.w_s,
+            max_threads: self.vta.max_threads.min(crate::pipeline::MAX_HTP_THREADS),
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            improve: self.vta.improve,
+            hold: self.vta.hold_s,
+            reprobe_after: self.vta.reprobe_after_s,
+            workload_change: self.vta.workload_change,
+            queue_delay: self.vta.queue_delay_ms / 1e3,
+        }
     }
 
     /// Pool partitions in the buffers crate's form.
@@ -289,6 +496,11 @@ impl Config {
 
     /// HTP threads, resolving 0 to the number of cores.
     pub fn threads(&self) -> usize {
+        if let PoolMode::Fixed(n) = self.pipeline.pool {
+            if n > 0 {
+                return n;
+            }
+        }
         if self.pipeline.threads > 0 {
             self.pipeline.threads
         } else {

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -27,10 +27,10 @@ use mintgate_coap::server::{
     Handled, Inbound, Outgoing, PathTaken, Request, ResetReason, Resource, Router, Seen,
 };
 use mintgate_coap::wire::{empty_message, Code, MessageType, Packet};
-use mintgate_sched::{Observer, PipelineCounters, Sample, ThreadPool, Worker};
+use mintgate_sched::{Decision, Observer, PipelineCounters, Sample, ThreadPool, Vta, Worker};
 use parking_lot::{Mutex, RwLock};
 
-use crate::config::Config;
+use crate::config::{Config, PoolMode};
 use crate::queue::{HtpQueue, Job};
 use crate::udp::{self, RecvBatch, SendBatch};
 
@@ -121,8 +121,9 @@ pub struct Gateway {
     shared: Arc<Shared>,
     receivers: Vec<JoinHandle<()>>,
     timer: Option<JoinHandle<()>>,
-    htp: ThreadPool,
+    htp: Arc<ThreadPool>,
     observer: Observer,
+    decision: Arc<Mutex<Option<Decision>>>,
 }
 
 impl Gateway {
@@ -161,22 +162,56 @@ impl Gateway {
             separate_after: Duration::from_millis(cfg.coap.separate_response_after_ms),
             cfg,
         });
+        // The pool is created after the observer (whose baseline must come
+        // before any traffic), so the controller finds it through a cell.
+        let pool_cell: Arc<OnceLock<Arc<ThreadPool>>> = Arc::new(OnceLock::new());
+        let decision: Arc<Mutex<Option<Decision>>> = Arc::default();
+        let hook = {
+            let cell = pool_cell.clone();
+            let decision = decision.clone();
+            let counters = counters.clone();
+            let mut vta = match shared.cfg.pipeline.pool {
+                PoolMode::Vta => Some(Vta::new(shared.cfg.vta_config())),
+                PoolMode::Fixed(_) => None,
+            };
+            move |history: &std::collections::VecDeque<Sample>| {
+                let (Some(vta), Some(pool)) = (vta.as_mut(), cell.get()) else {
+                    return;
+                };
+                let hist: Vec<Sample> = history.iter().copied().collect();
+                let d = vta.decide(&hist);
+                if d.n_next != pool.size() {
+                    if let Err(e) = pool.resize(d.n_next) {
+                        tracing::warn!(error = %e, "cannot resize the handler pool");
+                    } else {
+                        counters.htp_threads.store(d.n_next as u64, Relaxed);
+                    }
+                }
+                tracing::debug!(
+                    r_t = d.r_t, h_t = d.h_t, n_t = d.n_t, qs_t = d.qs_t, ht_t = d.ht_t, pd_t = d.pd_t,
+                    e_t = d.e_t, q_t = d.q_t, p_next = d.p_next, nt_max = d.nt_max, n_next = d.n_next,
+                    saturated = d.saturated, climb = ?d.climb, "vta"
+                );
+                *decision.lock() = Some(d);
+            }
+        };
         let observer = Observer::start(
             counters.clone(),
             Duration::from_secs(1),
             shared.cfg.pipeline.observer_samples,
-            |_| {},
+            hook,
         )?;
         let threads = shared.cfg.threads().min(MAX_HTP_THREADS);
         let sh = shared.clone();
         let sh2 = shared.clone();
-        let htp = ThreadPool::new(
+        let htp = Arc::new(ThreadPool::new(
             "htp",
             threads,
             move |w| handler_loop(&sh, w),
             move || sh2.queue.wake_all(),
-        )?;
+        )?);
         counters.htp_threads.store(threads as u64, Relaxed);
+        let _ = pool_cell.set(htp.clone());
         let mut receivers = Vec::new();
         for i in 0..shared.listeners.len() {
             let sh = shared.clone();
@@ -197,6 +232,7 @@ impl Gateway {
             receivers,
             timer,
             htp,
+            decision,
             observer,
         })
     }
@@ -228,6 +264,12 @@ impl Gateway {
     /// The HTP queue bound in bytes.
     pub fn queue_bytes(&self) -> usize {
         self.shared.queue.max_bytes()
+    }
+
+    /// The VTA controller's last decision (`None` with a fixed pool or
+    /// before the first second).
+    pub fn vta_decision(&self) -> Option<Decision> {
+        *self.decision.lock()
     }
 
     /// HTP threads now.

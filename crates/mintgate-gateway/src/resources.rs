@@ -1,16 +1,34 @@
 //! Built-in resources.
 
-use mintgate_coap::server::{Resource, Router};
 use std::sync::Arc;
 
+use mintgate_coap::server::{Resource, Router};
 use mintgate_coap::wire::{Code, ContentFormat};
 use parking_lot::Mutex;
+
+use crate::config::HandlerCost;
 
 /// The papers' benchmark resource: `GET /request` answers `hello world`
 /// (sent by reference from static memory: no payload copy).
 pub fn hello() -> Resource {
+    hello_with_cost(HandlerCost::None)
+}
+
+/// `/request` with a simulated cost before it answers: a blocking wait (a
+/// sensor read) or CPU burnt, for the VTA experiments.
+pub fn hello_with_cost(cost: HandlerCost) -> Resource {
     Resource::new("request")
-        .get(|_, rb| {
+        .get(move |_, rb| {
+            match cost {
+                HandlerCost::None => {}
+                HandlerCost::Block(d) => std::thread::sleep(d),
+                HandlerCost::Spin(d) => {
+                    let end = std::time::Instant::now() + d;
+                    while std::time::Instant::now() < end {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
             rb.content_format(ContentFormat::TEXT_PLAIN)
                 .static_payload(b"hello world");
         })
@@ -51,9 +69,14 @@ pub fn echo() -> Resource {
 /// The router a gateway starts with when nothing else is configured:
 /// `/request` and `/echo`.
 pub fn default_router() -> Router {
+    router_for(&crate::Config::default())
+}
+
+/// The built-in resources as `cfg` sets them up.
+pub fn router_for(cfg: &crate::Config) -> Router {
     let mut r = Router::new();
     // a fresh router has no paths, so these cannot collide
-    let _ = r.add(hello());
+    let _ = r.add(hello_with_cost(cfg.resources.request_cost));
     let _ = r.add(echo());
     r
 }

@@ -68,6 +68,11 @@ pub struct VtaConfig {
     /// Relative change of `HT` at the same thread count that means the
     /// workload changed.
     pub workload_change: f64,
+    /// Queueing delay (seconds, `QS_t / H_t`) that, second after second,
+    /// also marks the pool as the bottleneck. Closed-loop clients adapt
+    /// their arrivals to the throughput (`R_t` = `H_t`), so a queue that does
+    /// not drain is the only sign that more threads could do more.
+    pub queue_delay: f64,
 }
 
 impl Default for VtaConfig {
@@ -83,6 +88,7 @@ impl Default for VtaConfig {
             hold: 2,
             reprobe_after: 30,
             workload_change: 0.5,
+            queue_delay: 0.002,
         }
     }
 }
@@ -227,15 +233,13 @@ impl Vta {
         // Q_t, whichever asks for more
         let p_next = need.max(q_t);
 
-        // saturated: demand above the threads there were, or a backlog that
-        // does not shrink
-        let prev_qs = history
-            .len()
-            .checked_sub(2)
-            .map(|i| history[i].qs)
-            .unwrap_or(0);
-        let saturated =
-            p_next > n_t as f64 + 0.5 || (qs_t > 0 && qs_t >= prev_qs && qs_t as f64 > 0.05 * e_t);
+        // saturated: demand above the threads there were, or requests that
+        // wait in the queue longer than `queue_delay`, second after second
+        let prev = history.len().checked_sub(2).map(|i| &history[i]);
+        let waits = |qs: u64, h: f64| h > 0.0 && qs as f64 / h > self.cfg.queue_delay;
+        let prev_waits =
+            prev.is_some_and(|p| waits(p.qs, p.h as f64 / if p.dt > 0.0 { p.dt } else { 1.0 }));
+        let saturated = p_next > n_t as f64 + 0.5 || (waits(qs_t, h_t) && prev_waits);
 
         let want = if p_next.is_finite() {
             p_next.ceil().max(1.0) as usize
@@ -346,22 +350,20 @@ impl Vta {
         if !judged {
             return Climb::Hold;
         }
-        let mut target = if want > self.nt_max && self.failed.is_none() {
+        self.linear = best_below_n > 0
+            && here
+                >= best_below * (1.0 + 0.8 * (n_idx - best_below_n) as f64 / best_below_n as f64);
+        let step = if self.linear && self.failed.is_none() {
+            (self.nt_max / 2).max(1)
+        } else {
+            1
+        };
+        let mut target = self.nt_max + step;
+        if want > self.nt_max && self.failed.is_none() {
             // at most double, so that a cliff between here and `want` is
             // measured rather than jumped over
-            want.min(2 * self.nt_max)
-        } else {
-            self.linear = best_below_n > 0
-                && here
-                    >= best_below
-                        * (1.0 + 0.8 * (n_idx - best_below_n) as f64 / best_below_n as f64);
-            let step = if self.linear && self.failed.is_none() {
-                (self.nt_max / 2).max(1)
-            } else {
-                1
-            };
-            self.nt_max + step
-        };
+            target = target.max(want.min(2 * self.nt_max));
+        }
         let mut climb = Climb::Up;
         if let Some(f) = self.failed {
             if self.settled >= self.cfg.reprobe_after {
@@ -489,6 +491,66 @@ mod tests {
             }
             &self.hist
         }
+    }
+
+    /// `clients` closed-loop clients with one request outstanding each:
+    /// arrivals follow completions, and whatever is not in service waits.
+    fn closed_loop(
+        v: &mut Vta,
+        work: Work,
+        clients: usize,
+        secs: usize,
+        n: &mut usize,
+    ) -> Vec<(usize, f64)> {
+        let mut hist = Vec::new();
+        let mut out = Vec::new();
+        for t in 0..secs {
+            let h = work.capacity(*n).min(clients as f64 * 1000.0);
+            let qs = clients.saturating_sub(*n) as u64;
+            hist.push(Sample {
+                t: t as f64,
+                dt: 1.0,
+                r: h as u64,
+                h: h as u64,
+                n: *n as u64,
+                qs,
+                busy: work.busy(h, *n),
+                ..Sample::default()
+            });
+            *n = v.decide(&hist).n_next;
+            out.push((*n, h));
+        }
+        out
+    }
+
+    #[test]
+    fn closed_loop_blocking_clients_get_more_threads_than_cores() {
+        let work = Work::Blocking { per_thread: 3500.0 };
+        let (mut v, mut n) = (Vta::new(cfg()), 2);
+        let run = closed_loop(&mut v, work, 256, 60, &mut n);
+        let fixed = work.capacity(2);
+        let late: f64 = run[40..].iter().map(|x| x.1).sum::<f64>() / 20.0;
+        assert!(
+            late >= 1.25 * fixed,
+            "{late} vs fixed {fixed}: {:?}",
+            run.iter().map(|x| x.0).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn closed_loop_cpu_bound_clients_do_not() {
+        let work = Work::Cpu {
+            per_core: 50_000.0,
+            cores: 2.0,
+            penalty: 0.03,
+        };
+        let (mut v, mut n) = (Vta::new(cfg()), 2);
+        let run = closed_loop(&mut v, work, 256, 90, &mut n);
+        let used: Vec<_> = run.iter().map(|x| x.0).collect();
+        let over = used[30..].iter().filter(|&&k| k > 3).count();
+        assert!(over * 10 <= 60, "{used:?}");
+        let late: f64 = run[30..].iter().map(|x| x.1).sum::<f64>() / 60.0;
+        assert!(late >= 0.95 * work.capacity(2), "{late}: {used:?}");
     }
 
     fn cfg() -> VtaConfig {
