@@ -35,6 +35,11 @@ pub struct ServeArgs {
     /// resources.request_cost.
     #[arg(long, value_name = "COST")]
     handler_cost: Option<mintgate_gateway::config::HandlerCost>,
+    /// Serve metrics on this TCP address: Prometheus text at /metrics, the
+    /// Observer's samples and the VTA decision as JSON at /api/observer
+    /// (replaces metrics.bind), e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -89,6 +94,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = a.handler_cost {
         cfg.resources.request_cost = c;
     }
+    if let Some(m) = a.metrics {
+        cfg.metrics.bind = Some(m);
+    }
     cfg.validate()?;
     if a.print_config {
         print!("{}", cfg.to_toml());
@@ -97,6 +105,18 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let set = block_signals();
     let gw =
         Gateway::start(cfg.clone(), resources::router_for(&cfg)).context("starting the gateway")?;
+    let metrics = match cfg.metrics.bind {
+        Some(addr) => {
+            let m = mintgate_gateway::metrics::MetricsServer::start(addr, gw.handle())
+                .with_context(|| format!("starting the metrics endpoint on tcp {addr}"))?;
+            tracing::info!(
+                "metrics on http://{0}/metrics and http://{0}/api/observer",
+                m.local_addr()
+            );
+            Some(m)
+        }
+        None => None,
+    };
     let addrs: Vec<String> = gw
         .local_addrs()
         .iter()
@@ -139,6 +159,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     });
     tracing::info!(signal = sig, "stopping");
     let c = gw.counters().clone();
+    drop(metrics);
     gw.shutdown();
     tracing::info!(
         datagrams = c.nr_datagrams.load(Relaxed),

@@ -51,6 +51,18 @@ pub struct Config {
     pub vta: VtaSection,
     /// `[resources]`: the built-in resources.
     pub resources: ResourcesConfig,
+    /// `[metrics]`: the metrics endpoint.
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// TCP address of the metrics endpoint (Prometheus text at `/metrics`,
+    /// Observer samples as JSON at `/api/observer`); off when absent. Keep it
+    /// on loopback unless something else guards it.
+    pub bind: Option<SocketAddr>,
 }
 
 /// `[vta]`: tuning of the Variable Thread Adjustment controller (used when

@@ -2,10 +2,11 @@
 //! the built-in resources.
 
 pub mod config;
+pub mod metrics;
 pub mod pipeline;
 pub mod queue;
 pub mod resources;
 pub mod udp;
 
 pub use config::Config;
-pub use pipeline::{Gateway, StartError};
+pub use pipeline::{Gateway, GatewayHandle, StartError};

@@ -266,6 +266,17 @@ impl Gateway {
         self.shared.queue.max_bytes()
     }
 
+    /// A cloneable, read-only view of the running gateway (for the metrics
+    /// endpoint and other observers).
+    pub fn handle(&self) -> GatewayHandle {
+        GatewayHandle {
+            shared: self.shared.clone(),
+            observer: self.observer.handle(),
+            decision: self.decision.clone(),
+            htp: self.htp.clone(),
+        }
+    }
+
     /// The VTA controller's last decision (`None` with a fixed pool or
     /// before the first second).
     pub fn vta_decision(&self) -> Option<Decision> {
@@ -318,6 +329,52 @@ impl Gateway {
             let _ = t.join();
         }
         self.observer.stop();
+    }
+}
+
+/// A read-only view of a running [`Gateway`]; cheap to clone.
+#[derive(Clone)]
+pub struct GatewayHandle {
+    shared: Arc<Shared>,
+    observer: mintgate_sched::ObserverHandle,
+    decision: Arc<Mutex<Option<Decision>>>,
+    htp: Arc<ThreadPool>,
+}
+
+impl GatewayHandle {
+    /// The pipeline counters.
+    pub fn counters(&self) -> &PipelineCounters {
+        &self.shared.counters
+    }
+
+    /// The Performance Observer's samples, oldest first.
+    pub fn samples(&self) -> Vec<Sample> {
+        self.observer.samples()
+    }
+
+    /// The VTA controller's last decision.
+    pub fn vta_decision(&self) -> Option<Decision> {
+        *self.decision.lock()
+    }
+
+    /// The buffer pool.
+    pub fn pool(&self) -> &Pool {
+        &self.shared.pool
+    }
+
+    /// HTP threads now.
+    pub fn htp_threads(&self) -> usize {
+        self.htp.size()
+    }
+
+    /// The HTP queue bound in bytes.
+    pub fn queue_bytes(&self) -> usize {
+        self.shared.queue.max_bytes()
+    }
+
+    /// The configuration the gateway runs with.
+    pub fn config(&self) -> &Config {
+        &self.shared.cfg
     }
 }
 

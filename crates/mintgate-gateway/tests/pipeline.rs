@@ -423,3 +423,79 @@ fn vta_grows_the_pool_past_the_cores_for_blocking_handlers_and_shrinks_it_when_i
     }
     assert_eq!(gw.htp_threads(), 1, "idle pool shrinks to one thread");
 }
+
+fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
+    (head.to_string(), body.to_string())
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text_and_observer_json_that_match_the_counters() {
+    let (gw, addr) = start(config("127.0.0.1:0"), resources::default_router());
+    let m = mintgate_gateway::metrics::MetricsServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        gw.handle(),
+    )
+    .unwrap();
+    let s = client(addr);
+    for mid in 0..20u16 {
+        s.send(&request(
+            MessageType::Con,
+            Code::GET,
+            mid,
+            b"",
+            "request",
+            b"",
+        ))
+        .unwrap();
+        assert!(recv(&s).is_some());
+    }
+    s.send(&[0x49, 0x01, 0, 1]).unwrap(); // malformed CON
+    assert!(recv(&s).is_some());
+    std::thread::sleep(Duration::from_millis(1200)); // one observer sample
+    let (head, body) = http_get(m.local_addr(), "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let mut values = std::collections::HashMap::new();
+    for line in body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name, v) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line}"));
+        let v: f64 = v.parse().unwrap_or_else(|_| panic!("bad value in {line}"));
+        values.insert(name.to_string(), v);
+    }
+    assert_eq!(values["mintgate_htp_handled_total"], 20.0);
+    assert_eq!(values["mintgate_nr_requests_total"], 20.0);
+    assert_eq!(values["mintgate_malformed_total"], 1.0);
+    assert_eq!(values["mintgate_htp_threads"], 2.0);
+    assert_eq!(values["mintgate_htp_queue_length"], 0.0);
+    assert!(values.contains_key("mintgate_dropped_total{reason=\"queue_full_con_503\"}"));
+    assert!(values["mintgate_bytes_allocated_total{layer=\"receive\"}"] > 0.0);
+    let (head, body) = http_get(m.local_addr(), "/api/observer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let samples = v["samples"].as_array().unwrap();
+    assert!(!samples.is_empty());
+    let h: u64 = samples.iter().map(|s| s["h"].as_u64().unwrap()).sum();
+    assert_eq!(h, 20, "samples add up to what was handled");
+    assert_eq!(v["pool"], "fixed:2");
+    let (head, _) = http_get(m.local_addr(), "/nope");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+}

@@ -10,6 +10,6 @@ mod observer;
 mod pool;
 mod vta;
 
-pub use observer::{Observer, PipelineCounters, Sample};
+pub use observer::{Observer, ObserverHandle, PipelineCounters, Sample};
 pub use pool::{ThreadPool, Worker};
 pub use vta::{Climb, Decision, Vta, VtaConfig};

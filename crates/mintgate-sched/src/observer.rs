@@ -193,6 +193,14 @@ impl Observer {
         })
     }
 
+    /// A cheap handle that reads the samples from elsewhere (e.g. the
+    /// metrics endpoint) while the observer runs.
+    pub fn handle(&self) -> ObserverHandle {
+        ObserverHandle {
+            inner: self.inner.clone(),
+        }
+    }
+
     /// The samples kept, oldest first.
     pub fn samples(&self) -> Vec<Sample> {
         self.inner.samples.lock().iter().copied().collect()
@@ -213,6 +221,19 @@ impl Observer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Reads an [`Observer`]'s samples; cloneable, usable from any thread.
+#[derive(Clone)]
+pub struct ObserverHandle {
+    inner: Arc<Inner>,
+}
+
+impl ObserverHandle {
+    /// The samples kept, oldest first.
+    pub fn samples(&self) -> Vec<Sample> {
+        self.inner.samples.lock().iter().copied().collect()
     }
 }
 

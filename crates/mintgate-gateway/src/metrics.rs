@@ -1,0 +1,385 @@
+//! The metrics endpoint (`mintgate serve --metrics ADDR`): Prometheus text
+//! at `/metrics`, the Performance Observer's samples and the VTA controller's
+//! last decision as JSON at `/api/observer`.
+//!
+//! It runs on its own thread with a single-threaded tokio runtime, so that
+//! it never competes with the CoAP pipeline's threads for a worker.
+
+use std::fmt::Write as _;
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::Ordering::Relaxed;
+use std::thread::JoinHandle;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use mintgate_buf::Layer;
+use mintgate_sched::Sample;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use crate::pipeline::GatewayHandle;
+
+/// A running metrics endpoint; dropping it stops it.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Binds `addr` (errors are returned here, not later) and serves.
+    pub fn start(addr: SocketAddr, gw: GatewayHandle) -> io::Result<MetricsServer> {
+        let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(error = %e, "metrics listener");
+                            return;
+                        }
+                    };
+                    let app = Router::new()
+                        .route("/metrics", get(metrics))
+                        .route("/api/observer", get(observer))
+                        .with_state(gw);
+                    let served = axum::serve(listener, app).with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    });
+                    if let Err(e) = served.await {
+                        tracing::error!(error = %e, "metrics endpoint stopped");
+                    }
+                });
+            })?;
+        Ok(MetricsServer {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn metrics(State(gw): State<GatewayHandle>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render_prometheus(&gw),
+    )
+}
+
+async fn observer(State(gw): State<GatewayHandle>) -> Json<Value> {
+    Json(observer_json(&gw))
+}
+
+/// One metric family in the Prometheus text format.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl Family<'_> {
+    fn head(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        self
+    }
+
+    fn value(&mut self, name: &str, labels: &[(&str, &str)], v: f64) -> &mut Self {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, val)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(
+                    self.out,
+                    "{k}=\"{}\"",
+                    val.replace('\\', "\\\\").replace('"', "\\\"")
+                );
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {v}");
+        self
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, v: f64) {
+        self.head(name, kind, help).value(name, &[], v);
+    }
+}
+
+/// The whole exposition, in the Prometheus text format 0.0.4.
+pub fn render_prometheus(gw: &GatewayHandle) -> String {
+    let c = gw.counters();
+    let mut out = String::with_capacity(4096);
+    let mut f = Family { out: &mut out };
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
+    f.one(
+        "mintgate_htp_threads",
+        "gauge",
+        "Handler Thread Pool threads (N).",
+        gw.htp_threads() as f64,
+    );
+    f.one(
+        "mintgate_nr_datagrams_total",
+        "counter",
+        "Datagrams read by the Network Receiver.",
+        get(&c.nr_datagrams),
+    );
+    f.one(
+        "mintgate_nr_requests_total",
+        "counter",
+        "Requests put on the HTP queue (R).",
+        get(&c.nr_requests),
+    );
+    f.one(
+        "mintgate_htp_handled_total",
+        "counter",
+        "Requests the HTP completed (H).",
+        get(&c.htp_handled),
+    );
+    f.one(
+        "mintgate_htp_busy_seconds_total",
+        "counter",
+        "Thread-seconds the HTP spent handling.",
+        get(&c.htp_busy_ns) / 1e9,
+    );
+    f.one(
+        "mintgate_htp_queue_length",
+        "gauge",
+        "Requests in the HTP queue (QS).",
+        get(&c.queue_len),
+    );
+    f.one(
+        "mintgate_htp_queue_bytes",
+        "gauge",
+        "Buffer bytes held by the HTP queue.",
+        get(&c.queue_bytes),
+    );
+    f.one(
+        "mintgate_htp_queue_limit_bytes",
+        "gauge",
+        "Bound of the HTP queue in bytes.",
+        gw.queue_bytes() as f64,
+    );
+    f.head(
+        "mintgate_dropped_total",
+        "counter",
+        "Requests shed, by reason.",
+    )
+    .value(
+        "mintgate_dropped_total",
+        &[("reason", "queue_full_non")],
+        get(&c.nr_dropped),
+    )
+    .value(
+        "mintgate_dropped_total",
+        &[("reason", "queue_full_con_503")],
+        get(&c.nr_rejected),
+    )
+    .value(
+        "mintgate_dropped_total",
+        &[("reason", "pool_exhausted")],
+        get(&c.htp_shed),
+    );
+    f.one(
+        "mintgate_malformed_total",
+        "counter",
+        "Malformed datagrams (answered with Reset or dropped).",
+        get(&c.nr_malformed),
+    );
+    f.one(
+        "mintgate_duplicates_total",
+        "counter",
+        "Duplicates replayed or dropped by de-duplication.",
+        get(&c.nr_duplicates),
+    );
+    f.one(
+        "mintgate_ignored_total",
+        "counter",
+        "Datagrams ignored (misplaced, unexpected, truncated, pings).",
+        get(&c.nr_ignored),
+    );
+    f.one(
+        "mintgate_sent_total",
+        "counter",
+        "Datagrams the Send Handler transmitted.",
+        get(&c.sh_sent),
+    );
+    f.one(
+        "mintgate_send_errors_total",
+        "counter",
+        "Datagrams that could not be sent.",
+        get(&c.sh_errors),
+    );
+    f.one(
+        "mintgate_dedup_evicted_total",
+        "counter",
+        "Cached responses given back early to free buffers.",
+        get(&c.dedup_evicted),
+    );
+    if let Some(d) = gw.vta_decision() {
+        f.one(
+            "mintgate_vta_target_threads",
+            "gauge",
+            "VTA: N_{t+1}, the pool size decided last.",
+            d.n_next as f64,
+        );
+        f.one(
+            "mintgate_vta_nt_max",
+            "gauge",
+            "VTA: NT_max, the thread cap found by hill climbing.",
+            d.nt_max as f64,
+        );
+        f.one(
+            "mintgate_vta_p",
+            "gauge",
+            "VTA: P_{t+1}, the threads the arrivals and backlog ask for.",
+            d.p_next,
+        );
+        f.one(
+            "mintgate_vta_ht",
+            "gauge",
+            "VTA: HT_t, completions per busy thread-second.",
+            d.ht_t,
+        );
+        f.one(
+            "mintgate_vta_pd",
+            "gauge",
+            "VTA: PD_t = (R_t - H_t) / HT_t.",
+            d.pd_t,
+        );
+        f.one(
+            "mintgate_vta_q",
+            "gauge",
+            "VTA: Q_t = (QS_t + e_t) / (HT_t * W).",
+            d.q_t,
+        );
+        f.one(
+            "mintgate_vta_saturated",
+            "gauge",
+            "VTA: 1 when the pool was the bottleneck last second.",
+            d.saturated as u8 as f64,
+        );
+    }
+    let parts = gw.pool().stats();
+    let sizes: Vec<String> = parts.iter().map(|p| p.block_size.to_string()).collect();
+    f.head(
+        "mintgate_pool_blocks",
+        "gauge",
+        "Blocks per buffer partition.",
+    );
+    for (p, s) in parts.iter().zip(&sizes) {
+        f.value(
+            "mintgate_pool_blocks",
+            &[("block_size", s)],
+            p.blocks as f64,
+        );
+    }
+    f.head(
+        "mintgate_pool_free_blocks",
+        "gauge",
+        "Free blocks per buffer partition.",
+    );
+    for (p, s) in parts.iter().zip(&sizes) {
+        f.value(
+            "mintgate_pool_free_blocks",
+            &[("block_size", s)],
+            p.free as f64,
+        );
+    }
+    f.head(
+        "mintgate_pool_exhausted_total",
+        "counter",
+        "Allocations a partition could not serve.",
+    );
+    for (p, s) in parts.iter().zip(&sizes) {
+        f.value(
+            "mintgate_pool_exhausted_total",
+            &[("block_size", s)],
+            p.exhausted as f64,
+        );
+    }
+    let acc = gw.pool().accounting();
+    f.head(
+        "mintgate_bytes_allocated_total",
+        "counter",
+        "Buffer bytes allocated, by layer.",
+    );
+    for l in Layer::ALL {
+        f.value(
+            "mintgate_bytes_allocated_total",
+            &[("layer", l.name())],
+            acc.snapshot(l).alloc_bytes as f64,
+        );
+    }
+    f.head(
+        "mintgate_bytes_copied_total",
+        "counter",
+        "Bytes copied, by layer.",
+    );
+    for l in Layer::ALL {
+        f.value(
+            "mintgate_bytes_copied_total",
+            &[("layer", l.name())],
+            acc.snapshot(l).copy_bytes as f64,
+        );
+    }
+    out
+}
+
+fn sample_json(s: &Sample) -> Value {
+    json!({
+        "t": s.t, "dt": s.dt, "r": s.r, "h": s.h, "n": s.n, "qs": s.qs,
+        "queue_bytes": s.queue_bytes, "busy": s.busy, "datagrams": s.datagrams,
+        "dropped": s.dropped, "malformed": s.malformed, "duplicates": s.duplicates, "sent": s.sent,
+    })
+}
+
+/// The Observer's samples (oldest first), the pool size and the VTA
+/// controller's last decision.
+pub fn observer_json(gw: &GatewayHandle) -> Value {
+    let decision = gw.vta_decision().map(|d| {
+        json!({
+            "r_t": d.r_t, "h_t": d.h_t, "n_t": d.n_t, "qs_t": d.qs_t, "ht_t": d.ht_t,
+            "pd_t": d.pd_t, "e_t": d.e_t, "q_t": d.q_t, "p_next": d.p_next,
+            "nt_max": d.nt_max, "n_next": d.n_next, "saturated": d.saturated,
+            "climb": format!("{:?}", d.climb),
+        })
+    });
+    json!({
+        "pool": gw.config().pipeline.pool.to_string(),
+        "htp_threads": gw.htp_threads(),
+        "samples": gw.samples().iter().map(sample_json).collect::<Vec<_>>(),
+        "vta": decision,
+    })
+}
