@@ -291,6 +291,33 @@ pub fn render_prometheus(gw: &GatewayHandle) -> String {
             d.saturated as u8 as f64,
         );
     }
+    f.head(
+        "mintgate_threads",
+        "gauge",
+        "Threads per Thread Pool Manager group.",
+    );
+    for g in mintgate_sched::Group::ALL {
+        f.value(
+            "mintgate_threads",
+            &[("group", g.name())],
+            gw.manager().stats(g).threads as f64,
+        );
+    }
+    let rm = gw
+        .manager()
+        .stats(mintgate_sched::Group::ResourceManagement);
+    f.one(
+        "mintgate_resource_queue_length",
+        "gauge",
+        "Tasks waiting in the Resource Management group.",
+        rm.queued as f64,
+    );
+    f.one(
+        "mintgate_resource_rejected_total",
+        "counter",
+        "Tasks the full Resource Management queue refused.",
+        rm.rejected as f64,
+    );
     let parts = gw.pool().stats();
     let sizes: Vec<String> = parts.iter().map(|p| p.block_size.to_string()).collect();
     f.head(

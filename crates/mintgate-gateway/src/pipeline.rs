@@ -27,7 +27,9 @@ use mintgate_coap::server::{
     Handled, Inbound, Outgoing, PathTaken, Request, ResetReason, Resource, Router, Seen,
 };
 use mintgate_coap::wire::{empty_message, Code, MessageType, Packet};
-use mintgate_sched::{Decision, Observer, PipelineCounters, Sample, ThreadPool, Vta, Worker};
+use mintgate_sched::{
+    Decision, Observer, PipelineCounters, Sample, ThreadPool, ThreadPoolManager, Vta, Worker,
+};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::{Config, PoolMode};
@@ -124,6 +126,7 @@ pub struct Gateway {
     htp: Arc<ThreadPool>,
     observer: Observer,
     decision: Arc<Mutex<Option<Decision>>>,
+    manager: ThreadPoolManager,
 }
 
 impl Gateway {
@@ -164,12 +167,15 @@ impl Gateway {
         });
         // The pool is created after the observer (whose baseline must come
         // before any traffic), so the controller finds it through a cell.
+        let manager = ThreadPoolManager::with_defaults();
+        manager.set_profile_threads(1);
         let pool_cell: Arc<OnceLock<Arc<ThreadPool>>> = Arc::new(OnceLock::new());
         let decision: Arc<Mutex<Option<Decision>>> = Arc::default();
         let hook = {
             let cell = pool_cell.clone();
             let decision = decision.clone();
             let counters = counters.clone();
+            let manager = manager.clone();
             let mut vta = match shared.cfg.pipeline.pool {
                 PoolMode::Vta => Some(Vta::new(shared.cfg.vta_config())),
                 PoolMode::Fixed(_) => None,
@@ -185,6 +191,7 @@ impl Gateway {
                         tracing::warn!(error = %e, "cannot resize the handler pool");
                     } else {
                         counters.htp_threads.store(d.n_next as u64, Relaxed);
+                        manager.set_interaction_threads(d.n_next);
                     }
                 }
                 tracing::debug!(
@@ -211,6 +218,7 @@ impl Gateway {
             move || sh2.queue.wake_all(),
         )?);
         counters.htp_threads.store(threads as u64, Relaxed);
+        manager.set_interaction_threads(threads);
         let _ = pool_cell.set(htp.clone());
         let mut receivers = Vec::new();
         for i in 0..shared.listeners.len() {
@@ -233,6 +241,7 @@ impl Gateway {
             timer,
             htp,
             decision,
+            manager,
             observer,
         })
     }
@@ -274,6 +283,7 @@ impl Gateway {
             observer: self.observer.handle(),
             decision: self.decision.clone(),
             htp: self.htp.clone(),
+            manager: self.manager.clone(),
         }
     }
 
@@ -281,6 +291,12 @@ impl Gateway {
     /// before the first second).
     pub fn vta_decision(&self) -> Option<Decision> {
         *self.decision.lock()
+    }
+
+    /// The Thread Pool Manager: Resource Management tasks and Application
+    /// Services run here; it counts the threads of every group.
+    pub fn manager(&self) -> &ThreadPoolManager {
+        &self.manager
     }
 
     /// HTP threads now.
@@ -293,6 +309,7 @@ impl Gateway {
         let n = n.clamp(1, MAX_HTP_THREADS);
         self.htp.resize(n)?;
         self.shared.counters.htp_threads.store(n as u64, Relaxed);
+        self.manager.set_interaction_threads(n);
         Ok(())
     }
 
@@ -329,6 +346,7 @@ impl Gateway {
             let _ = t.join();
         }
         self.observer.stop();
+        self.manager.shutdown();
     }
 }
 
@@ -338,6 +356,7 @@ pub struct GatewayHandle {
     shared: Arc<Shared>,
     observer: mintgate_sched::ObserverHandle,
     decision: Arc<Mutex<Option<Decision>>>,
+    manager: ThreadPoolManager,
     htp: Arc<ThreadPool>,
 }
 
@@ -370,6 +389,11 @@ impl GatewayHandle {
     /// The HTP queue bound in bytes.
     pub fn queue_bytes(&self) -> usize {
         self.shared.queue.max_bytes()
+    }
+
+    /// The Thread Pool Manager (threads per group).
+    pub fn manager(&self) -> &ThreadPoolManager {
+        &self.manager
     }
 
     /// The configuration the gateway runs with.

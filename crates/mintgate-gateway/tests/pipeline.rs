@@ -485,6 +485,11 @@ fn metrics_endpoint_serves_prometheus_text_and_observer_json_that_match_the_coun
     assert_eq!(values["mintgate_nr_requests_total"], 20.0);
     assert_eq!(values["mintgate_malformed_total"], 1.0);
     assert_eq!(values["mintgate_htp_threads"], 2.0);
+    assert_eq!(values["mintgate_threads{group=\"interaction\"}"], 2.0);
+    assert_eq!(
+        values["mintgate_threads{group=\"performance_profile\"}"],
+        1.0
+    );
     assert_eq!(values["mintgate_htp_queue_length"], 0.0);
     assert!(values.contains_key("mintgate_dropped_total{reason=\"queue_full_con_503\"}"));
     assert!(values["mintgate_bytes_allocated_total{layer=\"receive\"}"] > 0.0);

@@ -2,14 +2,21 @@
 //!
 //! - [`ThreadPool`]: a named pool whose size can be changed at run time, so
 //!   that a controller (VTA) can drive the Handler Thread Pool.
+//! - [`ThreadPoolManager`]: the four thread groups (Application Service,
+//!   Resource Management, Interaction, Performance Profile); [`priority`]:
+//!   the Priority Manager.
+//! - [`Vta`]: the Variable Thread Adjustment controller.
 //! - [`Observer`]: the Performance Observer. Every stage counts into one
 //!   [`PipelineCounters`]; the observer turns the counters into one
 //!   [`Sample`] per second and keeps the last ones.
 
+mod manager;
 mod observer;
 mod pool;
+pub mod priority;
 mod vta;
 
+pub use manager::{Group, GroupStats, QueueFull, ThreadPoolManager};
 pub use observer::{Observer, ObserverHandle, PipelineCounters, Sample};
 pub use pool::{ThreadPool, Worker};
 pub use vta::{Climb, Decision, Vta, VtaConfig};
