@@ -426,24 +426,14 @@ fn parse_coap_uri(uri: &str) -> anyhow::Result<(SocketAddr, String)> {
     Ok((addr, path.to_string()))
 }
 
-/// Parses `500ms`, `10s`, `2m`, `250us` or a bare number of seconds.
+/// A duration of at most one hour: every load run is bounded (see
+/// `mintgate_gateway::config::parse_duration` for the forms).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 10s or 500ms"))?;
-    let secs = match unit.trim() {
-        "" | "s" => v,
-        "ms" => v / 1e3,
-        "us" => v / 1e6,
-        "m" | "min" => v * 60.0,
-        u => return Err(format!("unknown unit {u:?} in {s:?} (use us, ms, s or m)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+    let d = mintgate_gateway::config::parse_duration(s)?;
+    if d > Duration::from_secs(3600) {
+        return Err(format!("{s:?}: load runs are bounded to 1 hour"));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

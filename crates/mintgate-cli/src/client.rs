@@ -455,32 +455,13 @@ fn parse_content_format(s: &str) -> Result<ContentFormat, String> {
     })
 }
 
-/// Parses `5s`, `500ms`, `2m`, `1h`, `1.5s` or a bare number of seconds.
+/// A positive duration (see `mintgate_gateway::config::parse_duration`).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration '{s}' (e.g. 5s, 500ms, 2m)"))?;
-    let scale = match unit {
-        "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        _ => {
-            return Err(format!(
-                "unknown unit '{unit}' in '{s}' (use ms, s, m or h)"
-            ))
-        }
-    };
-    let secs = n * scale;
-    if !(secs > 0.0 && secs < 1e9) {
+    let d = mintgate_gateway::config::parse_duration(s)?;
+    if d.is_zero() {
         return Err(format!("duration '{s}' must be positive"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 /// Parses `NUM,VALUE` for `-O`.

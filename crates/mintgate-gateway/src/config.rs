@@ -216,25 +216,33 @@ impl<'de> Deserialize<'de> for PoolMode {
     }
 }
 
-/// Parses `200us`, `20ms`, `1.5s`, `2m` or plain seconds.
+/// Parses a duration: a number with `us` (or `µs`), `ms`, `s`, `m` (or
+/// `min`), `h`, or no unit for seconds: `200us`, `20ms`, `1.5s`, `2m`, `1.5`.
+/// Accepts 0 up to one day; callers add tighter bounds where they need them.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| c.is_ascii_alphabetic())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
     let v: f64 = num
         .parse()
-        .map_err(|_| format!("`{s}`: not a duration (e.g. 200us, 20ms, 1.5s)"))?;
-    let secs = match unit {
-        "us" | "µs" => v / 1e6,
-        "ms" => v / 1e3,
-        "s" => v,
-        "m" => v * 60.0,
-        _ => return Err(format!("`{unit}`: unknown unit (us, ms, s, m)")),
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 200us, 500ms, 10s, 2m)"))?;
+    let scale = match unit.trim() {
+        "" | "s" => 1.0,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        u => {
+            return Err(format!(
+                "unknown unit `{u}` in `{s}` (use us, ms, s, m or h)"
+            ))
+        }
     };
+    let secs = v * scale;
     if !(0.0..=86_400.0).contains(&secs) {
-        return Err(format!("`{s}`: out of range"));
+        return Err(format!("`{s}` is out of range (0 to 1 day)"));
     }
     Ok(std::time::Duration::from_secs_f64(secs))
 }
