@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod bench;
 mod client;
+mod lab;
 mod serve;
 
 /// mintgate: an IoT middleware and edge gateway (CoAP, HTTP/QUIC proxies, MQTT).
@@ -44,6 +45,8 @@ enum Cmd {
     Delete(client::RequestArgs),
     /// Load-generate against one or more CoAP servers and report throughput and latency.
     Bench(bench::BenchArgs),
+    /// Reproduce the papers' experiments and put our figures beside theirs.
+    Lab(lab::LabArgs),
 }
 
 fn init_logging(filter: &str, format: LogFormat) {
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Cmd::Post(a) => client::run(Code::POST, a),
         Cmd::Delete(a) => client::run(Code::DELETE, a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Lab(a) => lab::run(a),
     };
     match res {
         Ok(code) => code,

@@ -1,0 +1,111 @@
+//! `mintgate lab`: reproduce the papers' experiments against an in-process
+//! gateway on loopback and print our figures beside the papers'.
+//!
+//! The labs themselves live in the `mintgate-lab` crate; this module parses
+//! the command line, runs one, prints its table on stdout (progress goes to
+//! stderr) and lists the files it wrote. Exit code 0 when the lab ran (a
+//! missed target is reported in the table), 1 on an error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use mintgate_gateway::config::HandlerCost;
+use mintgate_lab::{LabOptions, Summary};
+
+/// Arguments of `mintgate lab`.
+#[derive(clap::Args)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    lab: Lab,
+}
+
+#[derive(clap::Subcommand)]
+enum Lab {
+    /// Paper 000 Figs. 2-5: NR vs HTP throughput for fixed pools of 1..N
+    /// threads under a saturating open-loop load (clients at 10 requests/s).
+    Threads {
+        #[command(flatten)]
+        common: Common,
+        /// Largest fixed pool; the lab runs 1..=N threads [default: 8, quick: 4].
+        #[arg(long)]
+        max_threads: Option<usize>,
+        /// Clients at 10 requests/s each [default: 1.25x the largest pool's
+        /// nominal capacity, at most 5000].
+        #[arg(long)]
+        clients: Option<usize>,
+    },
+    /// Paper 000 Figs. 6-7: the VTA pool tracking a varying open-loop load
+    /// (ramp up, plateau, step down, step up, ramp down): NR, HTP, threads
+    /// and the cumulative NR - HTP difference per second.
+    Vta {
+        #[command(flatten)]
+        common: Common,
+        /// Peak offered rate of the profile, requests/s.
+        #[arg(long, default_value_t = 10_000.0)]
+        peak_rps: f64,
+    },
+}
+
+#[derive(clap::Args)]
+struct Common {
+    /// Short settings (a few tens of seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Output folder for the CSV and SVG files.
+    #[arg(long, default_value = "lab-out/")]
+    out: PathBuf,
+    /// threads: measured time per thread count [default: 60s, quick: 5s];
+    /// vta: length of the load profile [default: 120s, quick: 30s].
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// What answering GET /request costs: none, block:DURATION (a blocking
+    /// sensor read) or spin:DURATION (CPU).
+    #[arg(long, default_value = "block:200us")]
+    handler_cost: HandlerCost,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    mintgate_gateway::config::parse_duration(s)
+}
+
+impl Common {
+    fn options(&self) -> LabOptions {
+        LabOptions {
+            out: self.out.clone(),
+            quick: self.quick,
+            duration: self.duration,
+            handler_cost: self.handler_cost,
+            ..LabOptions::default()
+        }
+    }
+}
+
+/// Runs `mintgate lab ...`.
+pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
+    let summary = match args.lab {
+        Lab::Threads {
+            common,
+            max_threads,
+            clients,
+        } => mintgate_lab::lab_threads(&LabOptions {
+            max_threads,
+            clients,
+            ..common.options()
+        })?,
+        Lab::Vta { common, peak_rps } => mintgate_lab::lab_vta(&LabOptions {
+            peak_rps: Some(peak_rps),
+            ..common.options()
+        })?,
+    };
+    print_summary(&summary);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_summary(s: &Summary) {
+    println!();
+    print!("{}", s.table);
+    for f in &s.files {
+        println!("wrote {}", f.display());
+    }
+}

@@ -1,0 +1,165 @@
+//! The labs: reproduce the papers' experiments against an in-process
+//! gateway on loopback and put our figures beside the papers'.
+//!
+//! Each lab is a library function taking [`LabOptions`] and returning a
+//! [`Summary`] (the printed table, the files written, whether the lab's
+//! target was met), so that `mintgate lab <name>` and a later `lab all` can
+//! call them alike. Every run is bounded in time, uses loopback only, and
+//! reports progress through [`LabOptions::progress`] (stderr by default).
+//!
+//! - [`lab_threads`]: paper 000, Figs. 2-5, NR vs HTP throughput for fixed
+//!   handler pools of 1..N threads under a saturating open-loop load.
+//! - [`lab_vta`]: paper 000, Figs. 6-7, the VTA-sized pool tracking a varying
+//!   open-loop load: NR, HTP and threads over time, cumulative NR - HTP.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use mintgate_gateway::config::{HandlerCost, PoolMode};
+use mintgate_gateway::{resources, Config, Gateway};
+use mintgate_sched::Sample;
+
+mod paper;
+mod plot;
+mod threads;
+mod vta;
+
+pub use threads::lab_threads;
+pub use vta::lab_vta;
+
+/// Where progress lines go (one line per call, no trailing newline).
+pub type ProgressFn = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Options shared by the labs. Fields a lab does not use are ignored.
+#[derive(Clone)]
+pub struct LabOptions {
+    /// Output folder for CSVs and plots (created if missing).
+    pub out: PathBuf,
+    /// Short settings: a run of a few tens of seconds.
+    pub quick: bool,
+    /// `threads`: measured time per thread count (default 60 s, the paper's
+    /// per-step time; quick 5 s). `vta`: length of the load profile
+    /// (default 120 s; quick 30 s).
+    pub duration: Option<Duration>,
+    /// `threads`: unmeasured load before each step's measurement (default
+    /// 2 s; quick 1 s).
+    pub warmup: Option<Duration>,
+    /// What answering `GET /request` costs (default `block:200us`, a
+    /// simulated sensor read, so that thread counts matter on a small box).
+    pub handler_cost: HandlerCost,
+    /// `threads`: the largest fixed pool; the lab runs 1..=N (default 8;
+    /// quick 4).
+    pub max_threads: Option<usize>,
+    /// `threads`: clients at 10 requests/s each (default: enough for 1.25x
+    /// the largest pool's nominal capacity, at most 5000).
+    pub clients: Option<usize>,
+    /// `vta`: the profile's peak offered rate in requests/s (default 10000,
+    /// the paper's Figs. 2-4 arrival rate).
+    pub peak_rps: Option<f64>,
+    /// Progress sink.
+    pub progress: ProgressFn,
+}
+
+impl Default for LabOptions {
+    fn default() -> Self {
+        LabOptions {
+            out: PathBuf::from("lab-out"),
+            quick: false,
+            duration: None,
+            warmup: None,
+            handler_cost: default_handler_cost(),
+            max_threads: None,
+            clients: None,
+            peak_rps: None,
+            progress: Arc::new(|line: &str| eprintln!("{line}")),
+        }
+    }
+}
+
+/// The labs' default handler cost, `block:200us`.
+pub fn default_handler_cost() -> HandlerCost {
+    HandlerCost::Block(Duration::from_micros(200))
+}
+
+/// What a lab did.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    /// The lab's name (`threads`, `vta`).
+    pub lab: &'static str,
+    /// The table to print: our figures beside the paper's.
+    pub table: String,
+    /// Files written (CSV, SVG).
+    pub files: Vec<PathBuf>,
+    /// Whether the lab's target was met, where it has one.
+    pub target_met: Option<bool>,
+}
+
+/// Requests per second each simulated client sends, as in the paper.
+pub const RATE_PER_CLIENT: f64 = 10.0;
+
+/// The gateway configuration every lab starts from: loopback, an ephemeral
+/// port, the given pool and handler cost.
+fn lab_config(pool: PoolMode, cost: HandlerCost, observer_samples: usize) -> Config {
+    let mut c = Config::default();
+    c.coap.bind = vec!["127.0.0.1:0".parse().expect("literal address")];
+    c.pipeline.pool = pool;
+    c.pipeline.observer_samples = observer_samples.max(120);
+    c.resources.request_cost = cost;
+    c
+}
+
+/// A gateway started for a lab, with the instant its Observer's clock began
+/// (taken just before the start, so within a few milliseconds).
+struct LabGateway {
+    gw: Gateway,
+    addr: std::net::SocketAddr,
+    obs0: Instant,
+}
+
+impl LabGateway {
+    fn start(cfg: Config) -> anyhow::Result<LabGateway> {
+        let router = resources::router_for(&cfg);
+        let obs0 = Instant::now();
+        let gw = Gateway::start(cfg, router).context("starting the gateway")?;
+        let addr = *gw
+            .local_addrs()
+            .first()
+            .context("the gateway has no listener")?;
+        Ok(LabGateway { gw, addr, obs0 })
+    }
+
+    /// Seconds on the Observer's clock at `at`.
+    fn obs_time(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.obs0).as_secs_f64()
+    }
+
+    /// Waits (at most `limit`) until the Observer has a sample ending at or
+    /// after `t` on its clock; returns all samples.
+    fn samples_until(&self, t: f64, limit: Duration) -> Vec<Sample> {
+        let end = Instant::now() + limit;
+        loop {
+            let s = self.gw.samples();
+            if s.last().is_some_and(|l| l.t >= t) || Instant::now() >= end {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn create_out(out: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))
+}
+
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Appends a line to a table string.
+fn line(t: &mut String, args: std::fmt::Arguments<'_>) {
+    let _ = t.write_fmt(args);
+    t.push('\n');
+}
