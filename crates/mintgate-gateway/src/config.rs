@@ -87,6 +87,10 @@ pub struct VtaSection {
     /// Queueing delay, second after second, that marks the pool as the
     /// bottleneck even when arrivals do not exceed it (closed-loop clients).
     pub queue_delay_ms: f64,
+    /// Highest share of the handler threads' time the arrivals may take
+    /// before the pool grows (it shrinks below half of it); 1.0 sizes the
+    /// pool exactly as the paper's equation 6.
+    pub util_high: f64,
 }
 
 impl Default for VtaSection {
@@ -101,6 +105,7 @@ impl Default for VtaSection {
             reprobe_after_s: d.reprobe_after,
             workload_change: d.workload_change,
             queue_delay_ms: d.queue_delay * 1e3,
+            util_high: d.util_high,
         }
     }
 }
@@ -491,6 +496,7 @@ impl Config {
             reprobe_after: self.vta.reprobe_after_s,
             workload_change: self.vta.workload_change,
             queue_delay: self.vta.queue_delay_ms / 1e3,
+            util_high: self.vta.util_high.clamp(0.1, 1.0),
         }
     }
 

@@ -304,7 +304,9 @@ impl Gateway {
         self.htp.size()
     }
 
-    /// Resizes the handler pool (clamped to 1..=[`MAX_HTP_THREADS`]).
+    /// Resizes the handler pool (clamped to 1..=[`MAX_HTP_THREADS`]). With
+    /// `pipeline.pool = "vta"` the controller sizes it again at its next
+    /// decision (within a second); use a fixed pool to size it by hand.
     pub fn resize_htp(&self, n: usize) -> io::Result<()> {
         let n = n.clamp(1, MAX_HTP_THREADS);
         self.htp.resize(n)?;
@@ -749,11 +751,8 @@ fn timer_loop(sh: &Shared) {
     while !sh.stop.load(Relaxed) {
         std::thread::sleep(tick);
         let now = Instant::now();
-        for slot in sh
-            .inflight
-            .iter()
-            .take(sh.counters.htp_threads.load(Relaxed) as usize)
-        {
+        // every slot: a worker told to retire may still be in a slow handler
+        for slot in sh.inflight.iter() {
             let mut g = slot.lock();
             if let Some(f) = g.as_mut() {
                 if !f.acked && now.duration_since(f.since) >= sh.separate_after {
