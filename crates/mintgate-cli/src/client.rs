@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use mintgate_coap::client::{Client, ClientConfig, Event, Request};
-use mintgate_coap::rto::{Basic, TransmissionParams};
+use mintgate_coap::rto::{Basic, Cocoa, RtoController, TransmissionParams};
 use mintgate_coap::wire::{
     decode_uint, encode_uint, Code, ContentFormat, MessageType, OptionDef, OptionFormat,
     OptionNumber,
@@ -96,6 +96,19 @@ pub struct RequestArgs {
     /// Print the response as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Retransmission-timeout controller for CON: `basic` (RFC 7252) or
+    /// `cocoa` (draft-ietf-core-cocoa-03).
+    #[arg(long, value_enum, default_value_t = Cc::Basic)]
+    cc: Cc,
+}
+
+/// The RTO controllers a request can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Cc {
+    /// RFC 7252 Basic: 2-3 s, doubling.
+    Basic,
+    /// CoCoA: RTT estimators, variable back-off.
+    Cocoa,
 }
 
 /// An `-O NUM,VALUE` option, already encoded.
@@ -147,8 +160,11 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
     config.non_timeout = overall;
     config.separate_timeout = overall;
     let seed: u64 = rand::random();
-    let rto = Basic::new(params, seed.rotate_left(32));
-    let mut client = Client::new(config, Box::new(rto), seed);
+    let rto: Box<dyn RtoController> = match args.cc {
+        Cc::Basic => Box::new(Basic::new(params, seed.rotate_left(32))),
+        Cc::Cocoa => Box::new(Cocoa::new(params, seed.rotate_left(32))),
+    };
+    let mut client = Client::new(config, rto, seed);
 
     let bind: SocketAddr = if dest.is_ipv4() {
         (IpAddr::from([0u8; 4]), 0).into()

@@ -267,3 +267,19 @@ fn bad_uri_exits_1_and_usage_error_exits_2() {
     assert_eq!(code(&o), 0);
     assert!(stdout(&o).contains("5  no response within the timeout"));
 }
+
+#[test]
+fn cocoa_controller_talks_to_libcoap() {
+    let Some(s) = server() else { return };
+    let uri = s.uri("/request");
+    let o = mintgate(&["put", &uri, "-e", "via cocoa", "--cc", "cocoa"]);
+    assert_eq!(code(&o), 0, "put: {}", stderr(&o));
+    let o = mintgate(&["get", &uri, "--cc", "cocoa", "-v"]);
+    assert_eq!(
+        (code(&o), stdout(&o).as_str()),
+        (0, "via cocoa"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("<- ACK 2.05 Content"), "{}", stderr(&o));
+}

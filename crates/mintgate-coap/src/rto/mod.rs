@@ -16,10 +16,14 @@
 //!
 //! Algorithms:
 //! - [`Basic`]: RFC 7252 section 4.8, the fixed exponential back-off.
+//! - [`Cocoa`]: draft-ietf-core-cocoa-03, strong/weak RTT estimators,
+//!   variable back-off, aging.
 
 mod basic;
+mod cocoa;
 
 pub use basic::Basic;
+pub use cocoa::{backoff_factor, Cocoa, DestState, Estimator};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
