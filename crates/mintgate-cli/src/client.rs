@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use mintgate_coap::client::{Client, ClientConfig, Event, Request};
-use mintgate_coap::rto::{Basic, Cocoa, RtoController, TransmissionParams};
+use mintgate_coap::rto::{Adaptive, Basic, Cocoa, RtoController, TransmissionParams};
 use mintgate_coap::wire::{
     decode_uint, encode_uint, Code, ContentFormat, MessageType, OptionDef, OptionFormat,
     OptionNumber,
@@ -96,8 +96,8 @@ pub struct RequestArgs {
     /// Print the response as one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Retransmission-timeout controller for CON: `basic` (RFC 7252) or
-    /// `cocoa` (draft-ietf-core-cocoa-03).
+    /// Retransmission-timeout controller for CON: `basic` (RFC 7252),
+    /// `cocoa` (draft-ietf-core-cocoa-03) or `adaptive` (Adaptive RTO).
     #[arg(long, value_enum, default_value_t = Cc::Basic)]
     cc: Cc,
 }
@@ -109,6 +109,8 @@ pub enum Cc {
     Basic,
     /// CoCoA: RTT estimators, variable back-off.
     Cocoa,
+    /// Adaptive RTO: windowed mean RTT, loss rate as the EWMA weight.
+    Adaptive,
 }
 
 /// An `-O NUM,VALUE` option, already encoded.
@@ -163,6 +165,7 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
     let rto: Box<dyn RtoController> = match args.cc {
         Cc::Basic => Box::new(Basic::new(params, seed.rotate_left(32))),
         Cc::Cocoa => Box::new(Cocoa::new(params, seed.rotate_left(32))),
+        Cc::Adaptive => Box::new(Adaptive::new(params, seed.rotate_left(32))),
     };
     let mut client = Client::new(config, rto, seed);
 

@@ -269,17 +269,15 @@ fn bad_uri_exits_1_and_usage_error_exits_2() {
 }
 
 #[test]
-fn cocoa_controller_talks_to_libcoap() {
+fn cocoa_and_adaptive_controllers_talk_to_libcoap() {
     let Some(s) = server() else { return };
     let uri = s.uri("/request");
-    let o = mintgate(&["put", &uri, "-e", "via cocoa", "--cc", "cocoa"]);
-    assert_eq!(code(&o), 0, "put: {}", stderr(&o));
-    let o = mintgate(&["get", &uri, "--cc", "cocoa", "-v"]);
-    assert_eq!(
-        (code(&o), stdout(&o).as_str()),
-        (0, "via cocoa"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(stderr(&o).contains("<- ACK 2.05 Content"), "{}", stderr(&o));
+    for cc in ["cocoa", "adaptive"] {
+        let value = format!("via {cc}");
+        let o = mintgate(&["put", &uri, "-e", &value, "--cc", cc]);
+        assert_eq!(code(&o), 0, "put with {cc}: {}", stderr(&o));
+        let o = mintgate(&["get", &uri, "--cc", cc, "-v"]);
+        assert_eq!((code(&o), stdout(&o)), (0, value.clone()), "{}", stderr(&o));
+        assert!(stderr(&o).contains("<- ACK 2.05 Content"), "{}", stderr(&o));
+    }
 }

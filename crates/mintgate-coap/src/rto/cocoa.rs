@@ -27,13 +27,13 @@
 //! least 2 of every 16 as CON) needs a hook on the NON send path of the
 //! client, which the trait does not have yet.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::table::DestTable;
 use super::{RtoController, TransmissionParams};
 
 const INITIAL_RTO: Duration = Duration::from_secs(2);
@@ -81,8 +81,6 @@ pub struct DestState {
     pub rto: Duration,
     /// When the RTO was last updated by a sample (or aged).
     pub updated: Instant,
-    /// When the destination was last used.
-    pub used: Instant,
 }
 
 impl DestState {
@@ -92,7 +90,6 @@ impl DestState {
             weak: None,
             rto: INITIAL_RTO,
             updated: now,
-            used: now,
         }
     }
 
@@ -136,9 +133,7 @@ pub fn backoff_factor(rto: Duration) -> f64 {
 pub struct Cocoa {
     params: TransmissionParams,
     rng: StdRng,
-    dests: HashMap<SocketAddr, DestState>,
-    capacity: usize,
-    forget_after: Duration,
+    dests: DestTable<DestState>,
 }
 
 impl Cocoa {
@@ -158,15 +153,13 @@ impl Cocoa {
         Cocoa {
             params,
             rng: StdRng::seed_from_u64(seed),
-            dests: HashMap::new(),
-            capacity: capacity.max(1),
-            forget_after,
+            dests: DestTable::new(capacity, forget_after),
         }
     }
 
     /// The state of `dest`, if kept.
     pub fn state(&self, dest: SocketAddr) -> Option<&DestState> {
-        self.dests.get(&dest)
+        self.dests.get(dest)
     }
 
     /// Destinations kept now.
@@ -177,28 +170,7 @@ impl Cocoa {
     /// The state of `dest` at `now`: aged, or fresh when unknown, forgotten
     /// or evicted.
     fn touch(&mut self, dest: SocketAddr, now: Instant) -> &mut DestState {
-        let stale = self
-            .dests
-            .get(&dest)
-            .is_some_and(|s| now.saturating_duration_since(s.used) >= self.forget_after);
-        if stale {
-            self.dests.remove(&dest);
-        }
-        if !self.dests.contains_key(&dest) && self.dests.len() >= self.capacity {
-            if let Some(oldest) = self
-                .dests
-                .iter()
-                .min_by_key(|(_, s)| s.used)
-                .map(|(a, _)| *a)
-            {
-                self.dests.remove(&oldest);
-            }
-        }
-        let s = self
-            .dests
-            .entry(dest)
-            .or_insert_with(|| DestState::new(now));
-        s.used = now;
+        let s = self.dests.touch(dest, now, || DestState::new(now));
         s.age(now);
         s
     }

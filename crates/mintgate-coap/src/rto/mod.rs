@@ -18,10 +18,15 @@
 //! - [`Basic`]: RFC 7252 section 4.8, the fixed exponential back-off.
 //! - [`Cocoa`]: draft-ietf-core-cocoa-03, strong/weak RTT estimators,
 //!   variable back-off, aging.
+//! - [`Adaptive`]: Adaptive RTO (as paper 002 uses it), windowed mean RTT
+//!   with the loss rate as the EWMA weight.
 
+mod adaptive;
 mod basic;
 mod cocoa;
+mod table;
 
+pub use adaptive::{Adaptive, AdaptiveState, ALPHA_MAX, ALPHA_MIN};
 pub use basic::Basic;
 pub use cocoa::{backoff_factor, Cocoa, DestState, Estimator};
 
