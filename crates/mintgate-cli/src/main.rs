@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod bench;
 mod client;
 mod lab;
+mod netem;
 mod serve;
 
 /// mintgate: an IoT middleware and edge gateway (CoAP, HTTP/QUIC proxies, MQTT).
@@ -45,6 +46,8 @@ enum Cmd {
     Delete(client::RequestArgs),
     /// Load-generate against one or more CoAP servers and report throughput and latency.
     Bench(bench::BenchArgs),
+    /// Relay UDP with loss, delay and jitter in each direction (this machine has no netem).
+    Netem(netem::NetemArgs),
     /// Reproduce the papers' experiments and put our figures beside theirs.
     Lab(lab::LabArgs),
 }
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Cmd::Delete(a) => client::run(Code::DELETE, a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Lab(a) => lab::run(a),
+        Cmd::Netem(a) => netem::run(a),
     };
     match res {
         Ok(code) => code,

@@ -50,7 +50,7 @@ pub struct ServeArgs {
 
 /// Blocks SIGINT and SIGTERM in this thread (and the threads it starts
 /// afterwards), so that `wait_for_signal` can take them synchronously.
-fn block_signals() -> libc::sigset_t {
+pub(crate) fn block_signals() -> libc::sigset_t {
     // SAFETY: plain libc signal-set manipulation on a local set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -62,7 +62,11 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
-fn wait_for_signal(set: &libc::sigset_t, every: Duration, mut tick: impl FnMut()) -> i32 {
+pub(crate) fn wait_for_signal(
+    set: &libc::sigset_t,
+    every: Duration,
+    mut tick: impl FnMut(),
+) -> i32 {
     let ts = libc::timespec {
         tv_sec: every.as_secs().max(1) as libc::time_t,
         tv_nsec: 0,

@@ -1,0 +1,136 @@
+//! `mintgate netem`: a UDP impairment relay in front of any UDP server.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use mintgate_netsim::relay::{DirectionStats, Impairment, Relay, RelayConfig};
+
+/// Arguments of `mintgate netem`.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Example: put 10 % loss and 40 ms each way in front of a CoAP server:\n  \
+mintgate netem --listen 127.0.0.1:5700 --forward 127.0.0.1:5683 --loss 10% --delay 40ms\n  \
+mintgate get coap://127.0.0.1:5700/request\n\
+Loss and delay apply independently in each direction. Runs until Ctrl-C or --duration."
+)]
+pub struct NetemArgs {
+    /// Address clients send to.
+    #[arg(long, value_name = "ADDR")]
+    listen: SocketAddr,
+    /// The server to relay to.
+    #[arg(long, value_name = "ADDR")]
+    forward: SocketAddr,
+    /// Loss per direction, in percent: `10` or `10%`.
+    #[arg(long, default_value = "0", value_parser = parse_pct)]
+    loss: f64,
+    /// One-way delay per direction: `40` (ms) or `40ms`.
+    #[arg(long, default_value = "0", value_parser = parse_ms)]
+    delay: Duration,
+    /// Uniform jitter around the delay: `10` (ms) or `10ms`.
+    #[arg(long, default_value = "0", value_parser = parse_ms)]
+    jitter: Duration,
+    /// Mean length of loss bursts (Gilbert-Elliott); 1 = independent losses.
+    #[arg(long, default_value_t = 1.0)]
+    burst: f64,
+    /// Seed of the loss and jitter draws (runs with the same seed drop the
+    /// same datagrams of the same sequence).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Stop after this long (e.g. 30s); default: until Ctrl-C.
+    #[arg(long, value_parser = mintgate_gateway::config::parse_duration)]
+    duration: Option<Duration>,
+}
+
+fn parse_pct(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("`{s}`: a percentage like 10 or 10%"))?;
+    if !(0.0..=100.0).contains(&v) {
+        return Err(format!("`{s}`: must be between 0 and 100"));
+    }
+    Ok(v / 100.0)
+}
+
+fn parse_ms(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        let v: f64 = t
+            .parse()
+            .map_err(|_| format!("`{s}`: milliseconds like 40 or 40ms"))?;
+        return mintgate_gateway::config::parse_duration(&format!("{v}ms"));
+    }
+    mintgate_gateway::config::parse_duration(t)
+}
+
+fn line(name: &str, d: &DirectionStats) -> String {
+    let (r, dr, f, e) = (
+        d.received.load(Relaxed),
+        d.dropped.load(Relaxed),
+        d.forwarded.load(Relaxed),
+        d.errors.load(Relaxed),
+    );
+    let pct = if r > 0 {
+        100.0 * dr as f64 / r as f64
+    } else {
+        0.0
+    };
+    format!("{name}: received {r}, dropped {dr} ({pct:.2} %), forwarded {f}, errors {e}")
+}
+
+pub fn run(a: NetemArgs) -> anyhow::Result<ExitCode> {
+    let imp = Impairment {
+        loss: a.loss,
+        burst: a.burst.max(1.0),
+        delay: a.delay,
+        jitter: a.jitter,
+    };
+    let set = crate::serve::block_signals();
+    let relay = Relay::start(RelayConfig {
+        listen: a.listen,
+        forward: a.forward,
+        up: imp,
+        down: imp,
+        seed: a.seed,
+    })
+    .with_context(|| format!("starting the relay on udp {}", a.listen))?;
+    eprintln!(
+        "netem: udp {} -> {}: loss {:.1} % (bursts of {}), delay {:?} ± {:?} each way, seed {}",
+        relay.local_addr(),
+        a.forward,
+        a.loss * 100.0,
+        a.burst,
+        a.delay,
+        a.jitter,
+        a.seed
+    );
+    let start = Instant::now();
+    match a.duration {
+        Some(d) => {
+            while start.elapsed() < d {
+                std::thread::sleep((d - start.elapsed()).min(Duration::from_secs(5)));
+                eprintln!(
+                    "netem: {} | {}",
+                    line("up", &relay.stats().up),
+                    line("down", &relay.stats().down)
+                );
+            }
+        }
+        None => {
+            crate::serve::wait_for_signal(&set, Duration::from_secs(5), || {
+                eprintln!(
+                    "netem: {} | {}",
+                    line("up", &relay.stats().up),
+                    line("down", &relay.stats().down)
+                );
+            });
+        }
+    }
+    println!("{}", line("client->server", &relay.stats().up));
+    println!("{}", line("server->client", &relay.stats().down));
+    Ok(ExitCode::SUCCESS)
+}
