@@ -29,7 +29,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 use super::table::DestTable;
 use super::{RtoController, TransmissionParams};
@@ -189,12 +189,7 @@ impl RtoController for Adaptive {
         if let Some(rto) = self.touch(dest, now).rto {
             return rto;
         }
-        let f = self.params.ack_random_factor;
-        if f > 1.0 && f.is_finite() {
-            self.params.ack_timeout.mul_f64(self.rng.gen_range(1.0..=f))
-        } else {
-            self.params.ack_timeout
-        }
+        self.params.initial_timeout(&mut self.rng)
     }
 
     fn backoff(

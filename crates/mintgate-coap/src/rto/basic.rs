@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 use super::{RtoController, TransmissionParams};
 
@@ -34,16 +34,7 @@ impl Basic {
 
 impl RtoController for Basic {
     fn initial_rto(&mut self, _dest: SocketAddr, _now: Instant, _in_flight: usize) -> Duration {
-        let factor = self.params.ack_random_factor;
-        // A factor of 1 (or a nonsensical one below it, or NaN) means no
-        // randomisation.
-        if factor > 1.0 && factor.is_finite() {
-            self.params
-                .ack_timeout
-                .mul_f64(self.rng.gen_range(1.0..=factor))
-        } else {
-            self.params.ack_timeout
-        }
+        self.params.initial_timeout(&mut self.rng)
     }
 
     fn backoff(

@@ -135,6 +135,18 @@ impl Default for TransmissionParams {
 }
 
 impl TransmissionParams {
+    /// RFC 7252's first timeout of a CON: `ack_timeout` times a random
+    /// factor in `[1, ack_random_factor]`. A factor of 1 (or a nonsensical
+    /// one below it, or NaN) means no randomisation.
+    pub fn initial_timeout(&self, rng: &mut impl rand::Rng) -> Duration {
+        let factor = self.ack_random_factor;
+        if factor > 1.0 && factor.is_finite() {
+            self.ack_timeout.mul_f64(rng.gen_range(1.0..=factor))
+        } else {
+            self.ack_timeout
+        }
+    }
+
     /// `ack_timeout * (2^max_retransmit - 1) * ack_random_factor`
     /// (45 s with the defaults): the longest time from the first to the last
     /// transmission of a CON.
