@@ -53,7 +53,8 @@ impl Token {
 /// Where an exchange is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum State {
-    /// Waiting for an NSTART slot at its destination; not sent, no timer.
+    /// Waiting for an NSTART slot at its destination; not sent. Its timer,
+    /// if any, is the end of a NON pacing interval.
     Queued,
     /// A CON that was sent and awaits its ACK; `rto` is the timeout running
     /// now. Holds a slot.
@@ -87,7 +88,8 @@ pub(super) struct Exchange {
     pub(super) bytes: Vec<u8>,
     /// The first transmission (the request time while queued).
     pub(super) first_tx: Instant,
-    /// When the running timer expires; `None` while queued.
+    /// When the running timer expires; `None` while queued, unless the
+    /// exchange is a NON held back by pacing.
     pub(super) deadline: Option<Instant>,
     /// Retransmissions made so far.
     pub(super) retransmissions: u32,

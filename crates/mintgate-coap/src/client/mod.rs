@@ -20,6 +20,10 @@
 //! - At most the controller's `nstart(dest)` exchanges to one destination are
 //!   outstanding (awaiting an ACK, or a NON awaiting its response); further
 //!   requests wait in a FIFO queue and start when a slot frees.
+//! - Where the controller paces non-confirmable requests
+//!   ([`RtoController::non_interval`]; CoCoA: one per RTO), a NON waits in
+//!   that queue until the interval since the previous NON to the same
+//!   destination has passed.
 //! - Confirmable and non-confirmable messages from a peer are de-duplicated by
 //!   (peer, message ID) for EXCHANGE_LIFETIME / NON_LIFETIME; a duplicate CON
 //!   gets the same empty ACK or Reset again and produces no event.
@@ -272,6 +276,9 @@ pub struct Client {
     timers: BinaryHeap<Reverse<(Instant, ExchangeId)>>,
     seen: HashMap<(SocketAddr, u16), (Instant, Reply)>,
     seen_order: VecDeque<(Instant, (SocketAddr, u16))>,
+    /// When the last NON request went to each destination, for controllers
+    /// that pace NONs (CoCoA: at most one per RTO); pruned after a minute.
+    non_sent: HashMap<SocketAddr, Instant>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     stats: ClientStats,
@@ -296,6 +303,7 @@ impl Client {
             timers: BinaryHeap::new(),
             seen: HashMap::new(),
             seen_order: VecDeque::new(),
+            non_sent: HashMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: ClientStats::default(),
@@ -305,6 +313,11 @@ impl Client {
     /// The settings.
     pub fn config(&self) -> &ClientConfig {
         &self.config
+    }
+
+    /// The retransmission-timeout controller, for reports.
+    pub fn rto_controller(&self) -> &dyn RtoController {
+        self.rto.as_ref()
     }
 
     /// The counters.
@@ -625,6 +638,9 @@ impl Client {
         ex.state = state;
         ex.deadline = Some(deadline);
         let bytes = ex.bytes.clone();
+        if !confirmable {
+            self.non_sent.insert(dest, now);
+        }
         self.by_mid.insert((dest, mid), id);
         self.timers.push(Reverse((deadline, id)));
         self.stats.transmissions += 1;
@@ -660,8 +676,8 @@ impl Client {
                 self.time_out(now, id);
             }
             State::AwaitingResponse { .. } => self.time_out(now, id),
-            // A queued exchange has no timer.
-            State::Queued => {}
+            // A queued NON held back by pacing: its time has come.
+            State::Queued => self.start_queued(now, dest),
         }
     }
 
@@ -691,6 +707,23 @@ impl Client {
             if d.outstanding >= nstart {
                 return;
             }
+            if let Some(&front) = d.queue.front() {
+                if let Some(ready) = self.non_ready_at(front, dest) {
+                    if ready > now {
+                        // paced: wake up when the interval has passed
+                        if let Some(ex) = self.exchanges.get_mut(&front) {
+                            if ex.deadline != Some(ready) {
+                                ex.deadline = Some(ready);
+                                self.timers.push(Reverse((ready, front)));
+                            }
+                        }
+                        return;
+                    }
+                }
+            }
+            let Some(d) = self.dests.get_mut(&dest) else {
+                return;
+            };
             match d.queue.pop_front() {
                 Some(next) => self.start(now, next),
                 None => {
@@ -701,6 +734,18 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// For a queued NON exchange to a destination whose controller paces
+    /// NONs, the earliest instant it may be sent; `None` when unpaced.
+    fn non_ready_at(&self, id: ExchangeId, dest: SocketAddr) -> Option<Instant> {
+        let ex = self.exchanges.get(&id)?;
+        if ex.confirmable {
+            return None;
+        }
+        let interval = self.rto.non_interval(dest)?;
+        let last = self.non_sent.get(&dest)?;
+        Some(deadline_after(*last, interval))
     }
 
     /// Whether the heap entry (t, id) is the current deadline of a live
@@ -767,6 +812,10 @@ impl Client {
     /// checked in arrival order, so one may outlive its lifetime by up to
     /// EXCHANGE_LIFETIME - NON_LIFETIME; none is forgotten early.
     fn prune_seen(&mut self, now: Instant) {
+        if self.non_sent.len() > 64 {
+            self.non_sent
+                .retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(60));
+        }
         while let Some(&(expiry, key)) = self.seen_order.front() {
             if expiry > now {
                 break;

@@ -763,3 +763,88 @@ fn requests_are_encoded_in_option_order_and_checked() {
     ));
     assert_eq!(c.stats().requests, 1);
 }
+
+#[test]
+fn cocoa_paces_non_requests_at_one_per_rto() {
+    use crate::rto::Cocoa;
+    let t0 = Instant::now();
+    let mut c = Client::new(
+        ClientConfig::default(),
+        Box::new(Cocoa::new(TransmissionParams::default(), 1)),
+        1,
+    );
+    let dest: SocketAddr = "10.0.0.9:5683".parse().unwrap();
+    let non = || Request {
+        confirmable: false,
+        code: Code::GET,
+        options: vec![],
+        payload: vec![],
+    };
+    let a = c.request(t0, dest, non()).unwrap();
+    let b = c.request(t0, dest, non()).unwrap();
+    let first = c.poll_transmit(t0).expect("first NON goes at once");
+    assert!(c.poll_transmit(t0).is_none(), "NSTART 1: the second waits");
+    // answer the first after 50 ms: the slot frees, but CoCoA's blind RTO
+    // (2 s, no estimate from NONs) paces the second NON
+    let p = Packet::new_checked(&first.bytes[..]).unwrap();
+    let mut resp = [0u8; 32];
+    let n = {
+        let w =
+            MessageWriter::new(&mut resp, MessageType::Non, Code::CONTENT, 7, p.token()).unwrap();
+        w.finish()
+    };
+    let t1 = t0 + Duration::from_millis(50);
+    c.handle_datagram(t1, dest, &resp[..n]);
+    assert!(matches!(c.poll_event(), Some(Event::Response { id, .. }) if id == a));
+    assert!(c.poll_transmit(t1).is_none(), "paced");
+    let due = c.poll_timeout().expect("a pacing timer");
+    assert_eq!(due, t0 + Duration::from_secs(2));
+    c.handle_timeout(due);
+    assert!(
+        c.poll_transmit(due).is_some(),
+        "sent when the interval passed"
+    );
+    assert_eq!(c.live_exchanges(), 1);
+    let _ = b;
+}
+
+#[test]
+fn basic_does_not_pace_non_requests() {
+    let t0 = Instant::now();
+    let mut c = Client::new(
+        ClientConfig {
+            params: TransmissionParams {
+                nstart: 4,
+                ..TransmissionParams::default()
+            },
+            ..ClientConfig::default()
+        },
+        Box::new(crate::rto::Basic::new(
+            TransmissionParams {
+                nstart: 4,
+                ..TransmissionParams::default()
+            },
+            1,
+        )),
+        1,
+    );
+    let dest: SocketAddr = "10.0.0.9:5683".parse().unwrap();
+    for _ in 0..3 {
+        c.request(
+            t0,
+            dest,
+            Request {
+                confirmable: false,
+                code: Code::GET,
+                options: vec![],
+                payload: vec![],
+            },
+        )
+        .unwrap();
+    }
+    let mut sent = 0;
+    while c.poll_transmit(t0).is_some() {
+        sent += 1;
+    }
+    assert_eq!(sent, 3);
+}

@@ -234,6 +234,43 @@ impl RtoController for Cocoa {
     fn name(&self) -> &'static str {
         "cocoa"
     }
+
+    fn current_rto(&self, dest: SocketAddr) -> Option<Duration> {
+        self.state(dest).map(|s| s.rto)
+    }
+
+    fn non_interval(&self, dest: SocketAddr) -> Option<Duration> {
+        // NON sending rate at most 1 / RTO (draft-ietf-core-cocoa-03 4.3)
+        Some(self.state(dest).map_or(INITIAL_RTO, |s| s.rto))
+    }
+}
+
+/// CoCoA's rule for messages that elicit no response (e.g. Observe
+/// notifications): of any 16 consecutive ones to a destination, at least 2
+/// are sent confirmable, so that RTT samples keep coming.
+///
+/// Ask [`NonQuota::next_must_be_con`] before each such message and report
+/// what was sent with [`NonQuota::sent`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NonQuota {
+    /// The last 16 messages, newest in bit 0: 1 = CON.
+    history: u16,
+}
+
+impl NonQuota {
+    /// Whether the next message must be CON for the last 16 to hold at
+    /// least 2 CONs.
+    pub fn next_must_be_con(&self) -> bool {
+        // any 16-message window that ends with the next one holds the 15
+        // newest sent messages: with fewer than 2 CONs among them, this one
+        // must be CON (greedy: 2 CONs in every 15 messages at most)
+        (self.history & 0x7fff).count_ones() < 2
+    }
+
+    /// Records a message sent as CON (`true`) or NON.
+    pub fn sent(&mut self, confirmable: bool) {
+        self.history = (self.history << 1) | u16::from(confirmable);
+    }
 }
 
 #[cfg(test)]
@@ -250,6 +287,40 @@ mod tests {
 
     fn close(a: Duration, b_secs: f64) -> bool {
         (a.as_secs_f64() - b_secs).abs() < 1e-6
+    }
+
+    #[test]
+    fn any_sixteen_non_response_messages_hold_two_cons() {
+        let mut q = NonQuota::default();
+        let mut sent = Vec::new();
+        for _ in 0..200 {
+            let con = q.next_must_be_con();
+            q.sent(con);
+            sent.push(con);
+        }
+        for w in sent.windows(16) {
+            assert!(w.iter().filter(|c| **c).count() >= 2, "{w:?}");
+        }
+        // and no more CONs than needed: 2 per 15 in the long run
+        let cons = sent.iter().filter(|c| **c).count();
+        assert!(cons <= 2 * 200 / 15 + 2, "{cons}");
+        // voluntary CONs count towards the quota
+        let mut q = NonQuota::default();
+        for _ in 0..16 {
+            q.sent(true);
+        }
+        assert!(!q.next_must_be_con());
+    }
+
+    #[test]
+    fn nons_are_paced_at_one_per_rto() {
+        let mut c = Cocoa::new(TransmissionParams::default(), 1);
+        let t0 = Instant::now();
+        assert_eq!(c.non_interval(dest(1)), Some(Duration::from_secs(2)));
+        c.on_response(dest(1), t0, ms(100), 0);
+        let rto = c.state(dest(1)).unwrap().rto;
+        assert_eq!(c.non_interval(dest(1)), Some(rto));
+        assert!(rto < Duration::from_secs(2));
     }
 
     #[test]

@@ -28,10 +28,68 @@ mod table;
 
 pub use adaptive::{Adaptive, AdaptiveState, ALPHA_MAX, ALPHA_MIN};
 pub use basic::Basic;
-pub use cocoa::{backoff_factor, Cocoa, DestState, Estimator};
+pub use cocoa::{backoff_factor, Cocoa, DestState, Estimator, NonQuota};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+
+/// The congestion-control algorithms, by name: `basic`, `cocoa`,
+/// `adaptive` (what `--cc` and the configuration accept).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Algorithm {
+    /// RFC 7252 section 4.8 ([`Basic`]).
+    #[default]
+    Basic,
+    /// draft-ietf-core-cocoa-03 ([`Cocoa`]).
+    Cocoa,
+    /// Adaptive RTO ([`Adaptive`]).
+    Adaptive,
+}
+
+impl Algorithm {
+    /// All of them, in the order reports list them.
+    pub const ALL: [Algorithm; 3] = [Algorithm::Basic, Algorithm::Cocoa, Algorithm::Adaptive];
+
+    /// The lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Basic => "basic",
+            Algorithm::Cocoa => "cocoa",
+            Algorithm::Adaptive => "adaptive",
+        }
+    }
+
+    /// A controller of this kind with RFC 7252 `params`, its randomness
+    /// drawn from `seed`.
+    pub fn controller(self, params: TransmissionParams, seed: u64) -> Box<dyn RtoController> {
+        match self {
+            Algorithm::Basic => Box::new(Basic::new(params, seed)),
+            Algorithm::Cocoa => Box::new(Cocoa::new(params, seed)),
+            Algorithm::Adaptive => Box::new(Adaptive::new(params, seed)),
+        }
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Algorithm, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "basic" => Ok(Algorithm::Basic),
+            "cocoa" => Ok(Algorithm::Cocoa),
+            "adaptive" => Ok(Algorithm::Adaptive),
+            _ => Err(format!(
+                "unknown congestion control `{s}` (expected basic, cocoa or adaptive)"
+            )),
+        }
+    }
+}
 
 /// Decides the retransmission timeouts of confirmable messages.
 ///
@@ -87,6 +145,25 @@ pub trait RtoController: Send {
 
     /// Short name for logs and reports, e.g. `"basic"`.
     fn name(&self) -> &'static str;
+
+    /// The least time between two non-confirmable requests to `dest`, where
+    /// the algorithm paces them (CoCoA: one per RTO); the client holds a
+    /// NON back in its queue until then. `None`: unpaced.
+    fn non_interval(&self, _dest: SocketAddr) -> Option<Duration> {
+        None
+    }
+
+    /// The estimated RTO towards `dest`, for reports, where the algorithm
+    /// keeps one (Basic does not).
+    fn current_rto(&self, _dest: SocketAddr) -> Option<Duration> {
+        None
+    }
+
+    /// The EWMA weight last used for `dest`, where the algorithm adapts it
+    /// (Adaptive RTO's alpha), for reports.
+    fn ewma_weight(&self, _dest: SocketAddr) -> Option<f64> {
+        None
+    }
 }
 
 /// The transmission parameters of RFC 7252 section 4.8, with the derived

@@ -1,0 +1,493 @@
+//! mintgate's sans-IO CoAP client and server as simulator apps.
+//!
+//! [`CoapServer`] runs the server's message and request layers
+//! (`mintgate_coap::server`: classification, (peer, MID) de-duplication
+//! with byte-for-byte replay, routing, the pooled response builder) with a
+//! fixed processing time per request. [`CoapClient`] drives
+//! `mintgate_coap::client::Client`, with the chosen RTO controller, through
+//! a workload of CON or NON GETs and records one [`Outcome`] per request.
+//!
+//! Spurious retransmissions: every CON transmission is tagged with its
+//! message ID and its index among that message's transmissions; the server
+//! app answers with the tag of the copy it answers, so when a response
+//! completes an exchange the client app knows which transmission got
+//! through. Retransmissions sent after that one were not needed: they are
+//! counted as spurious.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use mintgate_buf::{PartitionConfig, Pool};
+use mintgate_coap::client::{Client, ClientConfig, Event, ExchangeId, Request};
+use mintgate_coap::rto::{Algorithm, TransmissionParams};
+use mintgate_coap::server::{self, Answer, Dedup, Inbound, Router, Seen};
+use mintgate_coap::wire::{Code, MessageType, OptionNumber, Packet as CoapPacket};
+
+use super::{App, Packet, Send};
+
+/// Counters of a [`CoapServer`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Requests handled (first copies).
+    pub requests: u64,
+    /// Duplicate CONs answered from the de-duplication cache.
+    pub replays: u64,
+    /// Duplicates dropped (NON, or CON still in progress).
+    pub duplicates: u64,
+    /// Datagrams dropped unanswered (malformed, misplaced, no buffer).
+    pub dropped: u64,
+}
+
+/// An answer being produced: ready at, peer, MID if CON, bytes, tag.
+type Working = (Instant, SocketAddr, Option<u16>, Vec<u8>, u64);
+
+/// A CoAP server node: mintgate's server code behind a simulated socket.
+pub struct CoapServer {
+    router: Router,
+    pool: Pool,
+    dedup: Dedup<Vec<u8>>,
+    processing: Duration,
+    next_mid: u16,
+    /// Answers being produced, in ready order (the processing time is the
+    /// same for all).
+    working: VecDeque<Working>,
+    stats: ServerStats,
+}
+
+impl CoapServer {
+    /// A server with `router`, answering each new request after
+    /// `processing` (a sensor read, say); duplicates are answered at once.
+    pub fn new(router: Router, processing: Duration) -> CoapServer {
+        let params = TransmissionParams::default();
+        CoapServer {
+            router,
+            pool: Pool::new(&[PartitionConfig {
+                block_size: 1280,
+                blocks: 64,
+            }]),
+            dedup: Dedup::new(4096, params.exchange_lifetime(), params.non_lifetime()),
+            processing,
+            next_mid: 1,
+            working: VecDeque::new(),
+            stats: ServerStats::default(),
+        }
+    }
+
+    /// A server with one resource, `/sensor`, answering `GET` with a short
+    /// text reading.
+    pub fn sensor(processing: Duration) -> CoapServer {
+        let mut r = Router::new();
+        r.add(
+            server::Resource::new("sensor")
+                .attr("rt", "temperature")
+                .get(|_, rb| {
+                    rb.content_format(mintgate_coap::wire::ContentFormat::TEXT_PLAIN)
+                        .static_payload(b"21.5");
+                }),
+        )
+        .expect("a fresh router has no paths");
+        CoapServer::new(r, processing)
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ServerStats {
+        self.stats
+    }
+}
+
+impl App for CoapServer {
+    fn on_packet(&mut self, now: Instant, pkt: &Packet, out: &mut Vec<Send>) {
+        match server::classify(&pkt.bytes) {
+            Inbound::Request(p) => {
+                let con = p.msg_type() == MessageType::Con;
+                let mid = p.message_id();
+                match self.dedup.check(now, pkt.src, mid, con) {
+                    Seen::New => {}
+                    Seen::Replay(r) => {
+                        self.stats.replays += 1;
+                        out.push(Send {
+                            dst: pkt.src,
+                            bytes: r.clone(),
+                            after: Duration::ZERO,
+                            tag: pkt.tag,
+                        });
+                        return;
+                    }
+                    Seen::InProgress | Seen::Duplicate => {
+                        self.stats.duplicates += 1;
+                        return;
+                    }
+                }
+                self.stats.requests += 1;
+                let req = server::Request {
+                    peer: pkt.src,
+                    packet: &p,
+                };
+                let non_mid = self.next_mid;
+                self.next_mid = self.next_mid.wrapping_add(1);
+                match server::handle_request(&self.router, &self.pool, &req, non_mid, 1024) {
+                    Answer::Send(o) => {
+                        // a duplicate arriving meanwhile finds it in progress
+                        // (and is dropped), as in the gateway
+                        let bytes = o.to_vec();
+                        let ready = now + self.processing;
+                        let mid = con.then_some(mid);
+                        self.working
+                            .push_back((ready, pkt.src, mid, bytes, pkt.tag));
+                        self.on_timeout(now, out);
+                    }
+                    Answer::Silent => {}
+                    Answer::Exhausted => {
+                        self.dedup.forget(pkt.src, mid);
+                        self.stats.dropped += 1;
+                    }
+                }
+            }
+            Inbound::Reset(rst, _) => out.push(Send {
+                dst: pkt.src,
+                bytes: rst.to_vec(),
+                after: Duration::ZERO,
+                tag: pkt.tag,
+            }),
+            Inbound::Ack(_) | Inbound::PeerReset(_) | Inbound::Drop(_) => self.stats.dropped += 1,
+        }
+    }
+
+    fn on_timeout(&mut self, now: Instant, out: &mut Vec<Send>) {
+        while self.working.front().is_some_and(|w| w.0 <= now) {
+            let Some((_, peer, mid, bytes, tag)) = self.working.pop_front() else {
+                break;
+            };
+            if let Some(mid) = mid {
+                self.dedup.complete(peer, mid, bytes.clone());
+            }
+            out.push(Send {
+                dst: peer,
+                bytes,
+                after: Duration::ZERO,
+                tag,
+            });
+        }
+    }
+
+    fn next_timeout(&mut self) -> Option<Instant> {
+        self.working.front().map(|w| w.0)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// What a [`CoapClient`] does.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// The server.
+    pub dest: SocketAddr,
+    /// The Uri-Path, `/`-separated, e.g. `sensor`.
+    pub path: String,
+    /// Requests to complete.
+    pub requests: usize,
+    /// Requests the application keeps outstanding (the client's NSTART
+    /// still limits what is on the wire).
+    pub concurrency: usize,
+    /// CON (retransmitted) or NON requests.
+    pub confirmable: bool,
+    /// When the first request is made, after the simulation's start.
+    pub start_after: Duration,
+    /// Pause between a completion and the next request.
+    pub gap: Duration,
+    /// Issue a request again after it timed out (the paper sends each
+    /// request until it succeeds); otherwise count it as failed.
+    pub retry_timeouts: bool,
+}
+
+impl Workload {
+    /// `requests` sequential CON GETs of `path` on `dest`, each repeated
+    /// until it succeeds.
+    pub fn sequential(dest: SocketAddr, path: &str, requests: usize) -> Workload {
+        Workload {
+            dest,
+            path: path.to_string(),
+            requests,
+            concurrency: 1,
+            confirmable: true,
+            start_after: Duration::ZERO,
+            gap: Duration::ZERO,
+            retry_timeouts: true,
+        }
+    }
+}
+
+/// One completed request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Outcome {
+    /// Which request of the workload (0-based).
+    pub index: usize,
+    /// When its successful exchange began (first transmission), since the
+    /// simulation's start.
+    pub started: Duration,
+    /// Round-trip time of the successful exchange, from its first
+    /// transmission.
+    pub rtt: Duration,
+    /// Retransmissions made by the successful exchange.
+    pub retransmissions: u32,
+    /// Of those, retransmissions sent after the copy that got through: not
+    /// needed.
+    pub spurious: u32,
+    /// Exchanges that timed out before this one succeeded.
+    pub timeouts: u32,
+    /// The controller's RTO estimate for the destination after the exchange
+    /// (CoCoA, Adaptive).
+    pub rto: Option<Duration>,
+    /// Adaptive RTO's alpha after the exchange.
+    pub alpha: Option<f64>,
+}
+
+struct Live {
+    index: usize,
+    timeouts: u32,
+    mid: Option<u16>,
+}
+
+/// A CoAP client node: `mintgate_coap::client::Client` running a
+/// [`Workload`].
+pub struct CoapClient {
+    client: Client,
+    work: Workload,
+    epoch: Option<Instant>,
+    next_index: usize,
+    live: HashMap<ExchangeId, Live>,
+    /// Requests waiting to be (re)issued: (index, earlier timeouts, not
+    /// before).
+    pending: VecDeque<(usize, u32, Instant)>,
+    /// Transmissions so far per CON message ID.
+    tx_count: HashMap<u16, u32>,
+    outcomes: Vec<Outcome>,
+    failed: usize,
+    retransmissions: u64,
+    spurious: u64,
+}
+
+impl CoapClient {
+    /// A client using congestion control `algorithm`, all its randomness
+    /// from `seed`.
+    pub fn new(work: Workload, algorithm: Algorithm, seed: u64) -> CoapClient {
+        let params = TransmissionParams::default();
+        let rto = algorithm.controller(params, super::splitmix(seed ^ 0x5eed));
+        let client = Client::new(ClientConfig::new(params), rto, seed);
+        CoapClient {
+            client,
+            work,
+            epoch: None,
+            next_index: 0,
+            live: HashMap::new(),
+            pending: VecDeque::new(),
+            tx_count: HashMap::new(),
+            outcomes: Vec::new(),
+            failed: 0,
+            retransmissions: 0,
+            spurious: 0,
+        }
+    }
+
+    /// Completed requests, in completion order.
+    pub fn outcomes(&self) -> &[Outcome] {
+        &self.outcomes
+    }
+
+    /// Requests given up (timed out, with retries off).
+    pub fn failed(&self) -> usize {
+        self.failed
+    }
+
+    /// All retransmissions made, including those of exchanges that timed
+    /// out.
+    pub fn retransmissions(&self) -> u64 {
+        self.retransmissions
+    }
+
+    /// Retransmissions that were not needed (see the module docs).
+    pub fn spurious(&self) -> u64 {
+        self.spurious
+    }
+
+    /// The underlying client's counters.
+    pub fn client_stats(&self) -> mintgate_coap::client::ClientStats {
+        self.client.stats()
+    }
+
+    fn request(&self) -> Request {
+        Request {
+            confirmable: self.work.confirmable,
+            code: Code::GET,
+            options: self
+                .work
+                .path
+                .split('/')
+                .filter(|s| !s.is_empty())
+                .map(|s| (OptionNumber::URI_PATH, s.as_bytes().to_vec()))
+                .collect(),
+            payload: Vec::new(),
+        }
+    }
+
+    /// Issues whatever the workload allows now, then moves datagrams and
+    /// events until both are drained.
+    fn pump(&mut self, now: Instant, mut answered_tag: Option<u64>, out: &mut Vec<Send>) {
+        loop {
+            while let Some(&(index, timeouts, at)) = self.pending.front() {
+                if at > now {
+                    break;
+                }
+                self.pending.pop_front();
+                match self.client.request(now, self.work.dest, self.request()) {
+                    Ok(id) => {
+                        let live = Live {
+                            index,
+                            timeouts,
+                            mid: None,
+                        };
+                        self.live.insert(id, live);
+                    }
+                    Err(_) => self.failed += 1,
+                }
+            }
+            let mut progressed = false;
+            while let Some(t) = self.client.poll_transmit(now) {
+                progressed = true;
+                let mut tag = 0;
+                if let Ok(p) = CoapPacket::new_checked(&t.bytes[..]) {
+                    if p.msg_type() == MessageType::Con && p.code().is_request() {
+                        let n = self.tx_count.entry(p.message_id()).or_insert(0);
+                        *n += 1;
+                        if *n > 1 {
+                            self.retransmissions += 1;
+                        }
+                        // tag 0 means "unknown": transmission indexes start at 1
+                        tag = (u64::from(p.message_id()) << 32) | u64::from(*n);
+                        // the first transmission of a new exchange: remember its MID
+                        if *n == 1 {
+                            // the client starts exchanges in the order they
+                            // were requested, and ids increase with that order
+                            if let Some((_, l)) = self
+                                .live
+                                .iter_mut()
+                                .filter(|(_, l)| l.mid.is_none())
+                                .min_by_key(|(id, _)| **id)
+                            {
+                                l.mid = Some(p.message_id());
+                            }
+                        }
+                    }
+                }
+                out.push(Send {
+                    dst: t.dest,
+                    bytes: t.bytes,
+                    after: Duration::ZERO,
+                    tag,
+                });
+            }
+            while let Some(ev) = self.client.poll_event() {
+                progressed = true;
+                let Some(live) = self.live.remove(&ev.id()) else {
+                    continue;
+                };
+                if let Some(mid) = live.mid {
+                    self.tx_count.remove(&mid);
+                }
+                match ev {
+                    Event::Response {
+                        rtt,
+                        retransmissions,
+                        ..
+                    } => {
+                        let spurious = match (answered_tag.take(), live.mid) {
+                            (Some(tag), Some(mid)) if tag >> 32 == u64::from(mid) => {
+                                let answered = (tag & 0xffff_ffff) as u32;
+                                // transmissions made = retransmissions + 1
+                                (retransmissions + 1).saturating_sub(answered)
+                            }
+                            _ => 0,
+                        };
+                        self.spurious += u64::from(spurious);
+                        let dest = self.work.dest;
+                        let ctl = self.client.rto_controller();
+                        let started = now
+                            .checked_sub(rtt)
+                            .and_then(|s| self.epoch.map(|e| s.saturating_duration_since(e)))
+                            .unwrap_or_default();
+                        self.outcomes.push(Outcome {
+                            index: live.index,
+                            started,
+                            rtt,
+                            retransmissions,
+                            spurious,
+                            timeouts: live.timeouts,
+                            rto: ctl.current_rto(dest),
+                            alpha: ctl.ewma_weight(dest),
+                        });
+                        if self.next_index < self.work.requests {
+                            self.next_index += 1;
+                            self.pending
+                                .push_back((self.next_index - 1, 0, now + self.work.gap));
+                        }
+                    }
+                    Event::Timeout { .. } | Event::Reset { .. } => {
+                        if self.work.retry_timeouts {
+                            self.pending
+                                .push_front((live.index, live.timeouts + 1, now));
+                        } else {
+                            self.failed += 1;
+                        }
+                    }
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+}
+
+impl App for CoapClient {
+    fn on_packet(&mut self, now: Instant, pkt: &Packet, out: &mut Vec<Send>) {
+        self.client.handle_datagram(now, pkt.src, &pkt.bytes);
+        let tag = (pkt.tag != 0).then_some(pkt.tag);
+        self.pump(now, tag, out);
+    }
+
+    fn on_timeout(&mut self, now: Instant, out: &mut Vec<Send>) {
+        self.client.handle_timeout(now);
+        self.pump(now, None, out);
+    }
+
+    fn on_start(&mut self, now: Instant, _out: &mut Vec<Send>) {
+        self.epoch = Some(now);
+        // the first requests wait for the start time; each completion then
+        // queues the next one
+        let n = self.work.requests.min(self.work.concurrency.max(1));
+        for _ in 0..n {
+            self.next_index += 1;
+            self.pending
+                .push_back((self.next_index - 1, 0, now + self.work.start_after));
+        }
+    }
+
+    fn next_timeout(&mut self) -> Option<Instant> {
+        let pending = self.pending.front().map(|p| p.2);
+        match (self.client.poll_timeout(), pending) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.outcomes.len() + self.failed >= self.work.requests
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
