@@ -45,6 +45,25 @@ enum Lab {
         #[arg(long, default_value_t = 10_000.0)]
         peak_rps: f64,
     },
+    /// Paper 000 Figs. 9-10: answered requests/s against 1..10,000 clients
+    /// (10 NON GETs/s each) for mintgate VTA, mintgate with a fixed pool of
+    /// one handler per core, and libcoap; when each first loses requests.
+    /// Writes `clients.csv` and `clients.svg`.
+    Clients {
+        #[command(flatten)]
+        compare: CompareArgs,
+    },
+    /// Paper 000 Fig. 11: answered requests/s against the answer's size
+    /// (8..1000 payload bytes), averaged over 1,000..10,000 clients, for the
+    /// same three servers. Writes `blocksize.csv` and `blocksize.svg`.
+    Blocksize {
+        #[command(flatten)]
+        compare: CompareArgs,
+        /// Answer payload sizes in bytes, comma-separated [8,64,128,256,512,1000;
+        /// quick: 8,256,1000].
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<usize>>,
+    },
     /// Paper 002 Tables 1-3: CoAP Basic, CoCoA and Adaptive RTO at 5, 10
     /// and 15 % loss, 1,000 CON GETs per case as 10 intervals of 100, in
     /// the virtual-time simulator of the paper's 4-node chain (default) or
@@ -73,6 +92,55 @@ enum Lab {
         #[arg(long)]
         real: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct CompareArgs {
+    /// Short settings: few steps, 4 s each, one run, 1 s cool-down.
+    #[arg(long)]
+    quick: bool,
+    /// Output folder for the CSV and SVG files.
+    #[arg(long, default_value = "lab-out/")]
+    out: PathBuf,
+    /// Measured time per step [60s; quick: 4s].
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Client counts, comma-separated [clients: 1,10,100,500,1000,2000,3000,
+    /// 5000,7500,10000; blocksize: 1000..10000 by 1000].
+    #[arg(long, value_delimiter = ',')]
+    clients: Option<Vec<usize>>,
+    /// Runs per step [3; quick: 1].
+    #[arg(long)]
+    runs: Option<usize>,
+    /// Pause between steps [60s; quick: 1s].
+    #[arg(long, value_parser = parse_duration)]
+    cooldown: Option<Duration>,
+    /// What answering costs mintgate: none, block:D or spin:D [none: the
+    /// peer's handler costs nothing either].
+    #[arg(long, default_value = "none")]
+    handler_cost: HandlerCost,
+    /// Leave libcoap out even where it is installed.
+    #[arg(long)]
+    no_libcoap: bool,
+}
+
+impl CompareArgs {
+    fn options(self, sizes: Option<Vec<usize>>) -> mintgate_lab::CompareOptions {
+        mintgate_lab::CompareOptions {
+            common: LabOptions {
+                out: self.out,
+                quick: self.quick,
+                duration: self.duration,
+                handler_cost: self.handler_cost,
+                ..LabOptions::default()
+            },
+            clients: self.clients,
+            runs: self.runs,
+            cooldown: self.cooldown,
+            sizes,
+            no_libcoap: self.no_libcoap,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -121,6 +189,8 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             clients,
             ..common.options()
         })?,
+        Lab::Clients { compare } => mintgate_lab::lab_clients(&compare.options(None))?,
+        Lab::Blocksize { compare, sizes } => mintgate_lab::lab_blocksize(&compare.options(sizes))?,
         Lab::Congestion {
             quick,
             out,

@@ -11,6 +11,9 @@
 //!   handler pools of 1..N threads under a saturating open-loop load.
 //! - [`lab_vta`]: paper 000, Figs. 6-7, the VTA-sized pool tracking a varying
 //!   open-loop load: NR, HTP and threads over time, cumulative NR - HTP.
+//! - [`lab_clients`], [`lab_blocksize`]: paper 000, Figs. 9-11, throughput
+//!   against the number of clients and the answer's size, mintgate VTA vs a
+//!   fixed pool vs libcoap.
 //! - [`lab_congestion`]: paper 002, Tables 1-3, CoAP Basic, CoCoA and
 //!   Adaptive RTO at 5, 10 and 15 % loss in the simulated multi-hop chain
 //!   (or end to end through the impairment relay).
@@ -25,12 +28,15 @@ use mintgate_gateway::config::{HandlerCost, PoolMode};
 use mintgate_gateway::{resources, Config, Gateway};
 use mintgate_sched::Sample;
 
+mod clients;
 pub mod congestion;
 mod paper;
+mod peers;
 mod plot;
 mod threads;
 mod vta;
 
+pub use clients::{lab_blocksize, lab_clients, CompareOptions};
 pub use congestion::{lab_congestion, CongestionOptions};
 pub use threads::lab_threads;
 pub use vta::lab_vta;
