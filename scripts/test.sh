@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s\n' "$*"; }
 
 # Debian packages the tests need. apt-get update first: a new machine's lists are empty.
-PKGS=(libcoap3-bin)
+PKGS=(libcoap3-bin mosquitto)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

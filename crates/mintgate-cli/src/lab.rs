@@ -64,6 +64,29 @@ enum Lab {
         #[arg(long, value_delimiter = ',')]
         sizes: Option<Vec<usize>>,
     },
+    /// Paper 004 Fig. 5: 1,000 MQTT messages of 26 bytes, 5 runs each,
+    /// through the publish queue (QoS 1, window 1; and window N with the
+    /// receiver reordering) vs plain QoS 2 (one in flight) and plain QoS 1,
+    /// against the embedded broker and a private mosquitto (when installed)
+    /// or --broker. Writes `mqtt.csv` and `mqtt.svg`.
+    Mqtt {
+        /// Short settings: 2 runs per method instead of 5.
+        #[arg(long)]
+        quick: bool,
+        /// Output folder for the CSV and SVG files.
+        #[arg(long, default_value = "lab-out/")]
+        out: PathBuf,
+        /// Measure this broker (mqtt://HOST:PORT) instead of a private
+        /// mosquitto; the embedded broker is always measured.
+        #[arg(long)]
+        broker: Option<mintgate_mqtt::BrokerUrl>,
+        /// Runs per method and broker [5; quick 2].
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Window of the extra windowed publish-queue method.
+        #[arg(long, default_value_t = 16)]
+        window: usize,
+    },
     /// Paper 002 Tables 1-3: CoAP Basic, CoCoA and Adaptive RTO at 5, 10
     /// and 15 % loss, 1,000 CON GETs per case as 10 intervals of 100, in
     /// the virtual-time simulator of the paper's 4-node chain (default) or
@@ -191,6 +214,23 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         })?,
         Lab::Clients { compare } => mintgate_lab::lab_clients(&compare.options(None))?,
         Lab::Blocksize { compare, sizes } => mintgate_lab::lab_blocksize(&compare.options(sizes))?,
+        Lab::Mqtt {
+            quick,
+            out,
+            broker,
+            runs,
+            window,
+        } => mintgate_lab::lab_mqtt(&mintgate_lab::MqttLabOptions {
+            common: LabOptions {
+                out,
+                quick,
+                ..LabOptions::default()
+            },
+            broker,
+            runs,
+            messages: None,
+            window,
+        })?,
         Lab::Congestion {
             quick,
             out,

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod bench;
 mod client;
 mod lab;
+mod mqtt;
 mod netem;
 mod serve;
 
@@ -50,10 +51,23 @@ enum Cmd {
     Netem(netem::NetemArgs),
     /// Reproduce the papers' experiments and put our figures beside theirs.
     Lab(lab::LabArgs),
+    /// Publish messages 1..N in order through the persistent MQTT publish queue.
+    Publish(mqtt::PublishArgs),
+    /// Subscribe to an MQTT topic; print messages de-duplicated and in order.
+    Subscribe(mqtt::SubscribeArgs),
+    /// Run the embedded MQTT broker (rumqttd).
+    Broker(mqtt::BrokerArgs),
 }
 
 fn init_logging(filter: &str, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
+    // The embedded MQTT broker (rumqttd) logs every client disconnect as an
+    // error: silent unless asked for by name.
+    let filter = if filter.contains("rumqttd") {
+        filter.to_owned()
+    } else {
+        format!("{filter},rumqttd=off")
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -77,6 +91,9 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Lab(a) => lab::run(a),
         Cmd::Netem(a) => netem::run(a),
+        Cmd::Publish(a) => mqtt::run_publish(a),
+        Cmd::Subscribe(a) => mqtt::run_subscribe(a),
+        Cmd::Broker(a) => mqtt::run_broker(a),
     };
     match res {
         Ok(code) => code,

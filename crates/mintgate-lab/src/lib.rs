@@ -14,6 +14,9 @@
 //! - [`lab_clients`], [`lab_blocksize`]: paper 000, Figs. 9-11, throughput
 //!   against the number of clients and the answer's size, mintgate VTA vs a
 //!   fixed pool vs libcoap.
+//! - [`lab_mqtt`]: paper 004, Fig. 5, 1,000 MQTT messages through the
+//!   publish queue (QoS 1, window 1 and window N) vs plain QoS 2 and QoS 1,
+//!   against the embedded broker and mosquitto, every message checked.
 //! - [`lab_congestion`]: paper 002, Tables 1-3, CoAP Basic, CoCoA and
 //!   Adaptive RTO at 5, 10 and 15 % loss in the simulated multi-hop chain
 //!   (or end to end through the impairment relay).
@@ -30,6 +33,7 @@ use mintgate_sched::Sample;
 
 mod clients;
 pub mod congestion;
+pub mod mqtt;
 mod paper;
 mod peers;
 mod plot;
@@ -38,6 +42,7 @@ mod vta;
 
 pub use clients::{lab_blocksize, lab_clients, CompareOptions};
 pub use congestion::{lab_congestion, CongestionOptions};
+pub use mqtt::{lab_mqtt, MqttLabOptions};
 pub use threads::lab_threads;
 pub use vta::lab_vta;
 

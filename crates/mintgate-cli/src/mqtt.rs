@@ -1,0 +1,399 @@
+//! `mintgate publish`, `mintgate subscribe` and `mintgate broker`: ordered
+//! MQTT publishing through the persistent publish queue, the de-duplicating
+//! and reordering receiver, and the embedded broker (rumqttd).
+//!
+//! Broker URLs are `mqtt://HOST[:PORT]` (MQTT 3.1.1) or `mqtt5://HOST[:PORT]`
+//! (MQTT 5); the default, `mqtt://127.0.0.1:1883`, is where `mintgate broker`
+//! listens, so nothing external is needed.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use mintgate_mqtt::broker::EmbeddedBroker;
+use mintgate_mqtt::publisher::Status;
+use mintgate_mqtt::reorder::ReorderConfig;
+use mintgate_mqtt::{
+    BrokerUrl, Publisher, PublisherConfig, Qos, SubEvent, Subscriber, SubscriberConfig,
+};
+
+const DEFAULT_BROKER: &str = "mqtt://127.0.0.1:1883";
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    mintgate_gateway::config::parse_duration(s)
+}
+
+fn parse_qos(s: &str) -> Result<Qos, String> {
+    match s {
+        "1" => Ok(Qos::AtLeastOnce),
+        "2" => Ok(Qos::ExactlyOnce),
+        _ => Err(format!("`{s}`: QoS must be 1 or 2")),
+    }
+}
+
+fn parse_sub_qos(s: &str) -> Result<Qos, String> {
+    s.parse::<u8>()
+        .ok()
+        .and_then(Qos::from_level)
+        .ok_or_else(|| format!("`{s}`: QoS must be 0, 1 or 2"))
+}
+
+/// Arguments of `mintgate publish`.
+#[derive(clap::Args)]
+#[command(after_help = "Publishes messages 1..=N, each a JSON envelope \
+{\"pub\":ID,\"seq\":n,\"ts\":ms,\"msg\":\"000n\"}, through the publish queue: QoS 1 and the next \
+message only after the previous PUBACK (window 1), in order, at least once.\n\
+With --state DIR the queue is persistent: killed (even kill -9) and run again with the same \
+DIR and arguments, it resumes where it stopped and completes 1..=N, in order.\n\
+Example: mintgate broker &  mintgate subscribe --topic t --count 100 &  \
+mintgate publish --topic t --count 100 --state /tmp/q")]
+pub struct PublishArgs {
+    /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1) or mqtt5://HOST[:PORT] (MQTT 5).
+    #[arg(long, default_value = DEFAULT_BROKER)]
+    broker: BrokerUrl,
+    /// Topic to publish to.
+    #[arg(long)]
+    topic: String,
+    /// Messages to publish (sequence numbers 1..=N).
+    #[arg(long)]
+    count: u64,
+    /// Messages per second to enqueue (default: as fast as the queue drains).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// QoS of every publish: 1 (the paper's Pub Queue) or 2.
+    #[arg(long, default_value = "1", value_parser = parse_qos)]
+    qos: Qos,
+    /// Messages in flight at once; above 1 the receiver must reorder
+    /// (`mintgate subscribe` does).
+    #[arg(long, default_value_t = 1)]
+    window: usize,
+    /// Folder of the persistent queue (created); without it the queue is in
+    /// memory and a restart starts again from 1.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Publisher id for a new state folder (default: random; a state
+    /// folder keeps its own).
+    #[arg(long)]
+    publisher_id: Option<String>,
+    /// Give up (exit 1) if not every message is acknowledged by then.
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `mintgate subscribe`.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Prints each message once, in order per publisher (by its sequence \
+number): `PUBLISHER SEQ MSG`, or one JSON object per line with --json. Duplicates are dropped; \
+a message arriving ahead of a missing one is held until the gap fills, for at most --gap-timeout."
+)]
+pub struct SubscribeArgs {
+    /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1) or mqtt5://HOST[:PORT] (MQTT 5).
+    #[arg(long, default_value = DEFAULT_BROKER)]
+    broker: BrokerUrl,
+    /// Topic filter to subscribe to.
+    #[arg(long)]
+    topic: String,
+    /// Exit after this many in-order messages.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Print JSON lines: {"pub","seq","ts","msg","skipped_before"}.
+    #[arg(long)]
+    json: bool,
+    /// Subscription QoS.
+    #[arg(long, default_value = "1", value_parser = parse_sub_qos)]
+    qos: Qos,
+    /// Client id (default: random).
+    #[arg(long)]
+    client_id: Option<String>,
+    /// Keep the session on the broker while disconnected (clean session
+    /// off): the broker queues for us across our reconnections.
+    #[arg(long)]
+    persistent: bool,
+    /// Longest wait for a missing sequence before skipping it.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    gap_timeout: Duration,
+    /// Start each publisher at the first sequence seen rather than at 1 (a
+    /// subscriber joining a running stream).
+    #[arg(long)]
+    from_first_seen: bool,
+    /// Exit (code 1 if --count is not reached) after this long.
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+}
+
+/// Arguments of `mintgate broker`.
+#[derive(clap::Args)]
+pub struct BrokerArgs {
+    /// MQTT 3.1.1 listener.
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    listen: std::net::SocketAddr,
+    /// MQTT 5 listener.
+    #[arg(long, default_value = "127.0.0.1:1884")]
+    listen_v5: std::net::SocketAddr,
+}
+
+/// Runs `mintgate broker` until the process is stopped.
+pub fn run_broker(a: BrokerArgs) -> anyhow::Result<ExitCode> {
+    let b = EmbeddedBroker::start(a.listen, a.listen_v5).context("starting the embedded broker")?;
+    println!(
+        "embedded broker (rumqttd): {} (MQTT 3.1.1), {} (MQTT 5); Ctrl-C to stop",
+        b.url(),
+        b.url_v5()
+    );
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn body(seq: u64, count: u64) -> String {
+    let w = count.to_string().len().max(4);
+    format!("{seq:0w$}")
+}
+
+/// Runs `mintgate publish`.
+pub fn run_publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(a.count >= 1, "--count must be at least 1");
+    if let Some(r) = a.rate {
+        anyhow::ensure!(r > 0.0 && r.is_finite(), "--rate must be positive");
+    }
+    let mut cfg = PublisherConfig::new(a.broker.clone());
+    cfg.qos = a.qos;
+    cfg.window = a.window;
+    cfg.state = a.state.clone();
+    cfg.publisher_id = a.publisher_id.clone();
+    let p = Publisher::start(cfg).context("starting the publish queue")?;
+    let st0 = p.status();
+    let first_new = st0.next_seq;
+    if st0.resumed > 0 || first_new > 1 {
+        eprintln!(
+            "publish: resuming {}: {} unacknowledged message(s) to resend, next new seq {}",
+            a.state
+                .as_deref()
+                .map_or("-".into(), |d| d.display().to_string()),
+            st0.resumed,
+            first_new
+        );
+    }
+    if first_new > a.count + 1 {
+        eprintln!(
+            "publish: the state already holds seq up to {} (> --count {}); only draining it",
+            first_new - 1,
+            a.count
+        );
+    }
+    eprintln!(
+        "publish: {} messages to {:?} via {} (QoS {}, window {}), publisher {}",
+        a.count,
+        a.topic,
+        a.broker,
+        a.qos.level(),
+        a.window,
+        p.publisher_id()
+    );
+    let t0 = Instant::now();
+    let deadline = a.timeout.map(|d| t0 + d);
+    let mut next = first_new;
+    let mut last_line = Instant::now();
+    // Keep at most this many enqueued ahead of the acknowledgements.
+    let ahead: u64 = (a.window as u64 * 4).max(256);
+    let chunk: u64 = 256;
+    loop {
+        let st = p.status();
+        if st.stopped {
+            anyhow::bail!(
+                "the publish queue stopped: {}",
+                st.last_error.unwrap_or_default()
+            );
+        }
+        if next > a.count && st.unacked == 0 {
+            break;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            summary(&a, &p.status(), t0.elapsed(), first_new, false);
+            return Ok(ExitCode::from(1));
+        }
+        if next <= a.count {
+            let due = match a.rate {
+                Some(r) => {
+                    let since = (t0.elapsed().as_secs_f64() * r) as u64 + 1;
+                    (first_new - 1 + since).min(a.count)
+                }
+                None => a.count,
+            };
+            let room = ahead.saturating_sub(st.unacked as u64).min(chunk);
+            let upto = due.min((next + room).saturating_sub(1));
+            if room > 0 && upto >= next {
+                let bodies: Vec<String> = (next..=upto).map(|s| body(s, a.count)).collect();
+                let seqs = p.enqueue_many(&a.topic, bodies)?;
+                anyhow::ensure!(
+                    *seqs.start() == next,
+                    "the queue assigned seq {} where {} was expected (state folder used with other arguments?)",
+                    seqs.start(),
+                    next
+                );
+                next = seqs.end() + 1;
+            }
+        }
+        if last_line.elapsed() >= Duration::from_secs(1) {
+            last_line = Instant::now();
+            let st = p.status();
+            eprintln!(
+                "publish: {:>6.1}s enqueued up to {} of {}, unacked {}, acked {} this run, {}{}",
+                t0.elapsed().as_secs_f64(),
+                next - 1,
+                a.count,
+                st.unacked,
+                st.queue.acked,
+                if st.connected {
+                    "connected"
+                } else {
+                    "NOT connected"
+                },
+                st.last_error
+                    .as_deref()
+                    .filter(|_| !st.connected)
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
+            );
+        }
+        // Wait for progress (an ack) or the next rate tick.
+        let tick = match a.rate {
+            Some(r) if next <= a.count => Duration::from_secs_f64((1.0 / r).clamp(0.001, 0.1)),
+            _ => Duration::from_millis(100),
+        };
+        let unacked = st.unacked;
+        p.wait_until(tick, |s| s.unacked < unacked || s.unacked == 0);
+    }
+    let st = p.close(Duration::from_secs(1));
+    summary(&a, &st, t0.elapsed(), first_new, true);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn summary(a: &PublishArgs, st: &Status, took: Duration, first_new: u64, complete: bool) {
+    let acked = st.queue.acked;
+    let rate = acked as f64 / took.as_secs_f64().max(1e-9);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "complete": complete,
+                "count": a.count,
+                "topic": a.topic,
+                "broker": a.broker.to_string(),
+                "qos": a.qos.level(),
+                "window": a.window,
+                "acked_this_run": acked,
+                "unacked": st.unacked,
+                "resumed": st.resumed,
+                "first_new_seq": first_new,
+                "retransmitted": st.queue.retransmitted,
+                "connects": st.connects,
+                "seconds": took.as_secs_f64(),
+                "msgs_per_s": rate,
+            })
+        );
+    } else {
+        println!(
+            "publish {}: seq 1..={} to {:?}: {} acknowledged this run in {:.3} s ({:.0} msg/s), \
+             {} unacknowledged, {} resumed from the state, {} retransmitted, {} connection(s)",
+            if complete {
+                "complete"
+            } else {
+                "INCOMPLETE (timeout)"
+            },
+            a.count,
+            a.topic,
+            acked,
+            took.as_secs_f64(),
+            rate,
+            st.unacked,
+            st.resumed,
+            st.queue.retransmitted,
+            st.connects
+        );
+        if let (false, Some(e)) = (complete, &st.last_error) {
+            println!("last connection error: {e}");
+        }
+    }
+}
+
+/// Runs `mintgate subscribe`.
+pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
+    let mut cfg = SubscriberConfig::new(a.broker.clone(), a.topic.clone());
+    cfg.qos = a.qos;
+    cfg.client_id = a.client_id.clone();
+    cfg.persistent_session = a.persistent;
+    cfg.reorder = ReorderConfig {
+        first_seq: if a.from_first_seen { None } else { Some(1) },
+        gap_timeout: Some(a.gap_timeout),
+        ..ReorderConfig::default()
+    };
+    let mut sub = Subscriber::start(cfg).context("starting the subscriber")?;
+    let t0 = Instant::now();
+    let deadline = a.timeout.map(|d| t0 + d);
+    let mut got = 0u64;
+    let mut out = std::io::stdout().lock();
+    let reached = |got: u64| a.count.is_some_and(|n| got >= n);
+    while !reached(got) {
+        let wait = match deadline {
+            Some(d) => match d.checked_duration_since(Instant::now()) {
+                Some(w) => w.min(Duration::from_secs(1)),
+                None => break,
+            },
+            None => Duration::from_secs(1),
+        };
+        match sub.recv_timeout(wait) {
+            Some(SubEvent::Subscribed) => {
+                eprintln!("subscribe: subscribed to {:?} at {}", a.topic, a.broker)
+            }
+            Some(SubEvent::Disconnected(e)) => {
+                eprintln!("subscribe: disconnected ({e}); reconnecting")
+            }
+            Some(SubEvent::Undecodable(topic, len, why)) => {
+                eprintln!("subscribe: {len}-byte message on {topic:?} skipped: {why}")
+            }
+            Some(SubEvent::Delivery(d)) => {
+                got += 1;
+                if d.skipped_before > 0 {
+                    eprintln!(
+                        "subscribe: {} message(s) of {} before seq {} never arrived; skipped",
+                        d.skipped_before, d.env.publisher, d.env.seq
+                    );
+                }
+                let line = if a.json {
+                    serde_json::json!({
+                        "pub": d.env.publisher,
+                        "seq": d.env.seq,
+                        "ts": d.env.ts,
+                        "msg": d.env.msg,
+                        "skipped_before": d.skipped_before,
+                    })
+                    .to_string()
+                } else {
+                    format!("{} {} {}", d.env.publisher, d.env.seq, d.env.msg)
+                };
+                if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+                    break; // stdout closed
+                }
+            }
+            Some(SubEvent::Arrival(_)) | None => {}
+        }
+    }
+    let s = sub.stats();
+    eprintln!(
+        "subscribe: {} delivered in order; received {}, duplicates dropped {}, arrived early {}, \
+         skipped {}",
+        got, s.received, s.duplicates, s.reordered, s.skipped
+    );
+    Ok(if a.count.is_some() && !reached(got) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

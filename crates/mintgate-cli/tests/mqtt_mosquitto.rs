@@ -1,0 +1,337 @@
+//! `mintgate publish` / `mintgate subscribe` against a real mosquitto:
+//! a `kill -9` of the publisher mid-stream, resumed from its state folder,
+//! and a broker restart mid-stream; in both the subscriber must get 1..=N,
+//! each once, in order.
+//!
+//! Each test starts its own mosquitto on a free loopback port with a
+//! generated config (not Debian's service on 1883). Without mosquitto the
+//! tests are skipped with a message, unless `MINTGATE_REQUIRE_PEERS` is set,
+//! in which case they fail.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mintgate_mqtt::broker::{find_mosquitto, Mosquitto};
+use mintgate_mqtt::reorder::ReorderConfig;
+use mintgate_mqtt::{SubEvent, Subscriber, SubscriberConfig};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "mintgate-test-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Starts a private mosquitto, or `None` (skipped) when it is not installed
+/// and peers are not required.
+fn mosquitto(dir: &std::path::Path) -> Option<Mosquitto> {
+    let Some(bin) = find_mosquitto() else {
+        if std::env::var_os("MINTGATE_REQUIRE_PEERS").is_some() {
+            panic!("mosquitto is not installed and MINTGATE_REQUIRE_PEERS is set (apt-get install mosquitto)");
+        }
+        eprintln!(
+            "skipping: mosquitto is not installed (apt-get install mosquitto to run this test)"
+        );
+        return None;
+    };
+    Some(Mosquitto::start(&bin, dir).expect("starting mosquitto"))
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn mintgate(args: &[String]) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_mintgate"))
+            .args(args)
+            .arg("--log=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running mintgate"),
+    )
+}
+
+/// Waits for the process to exit (at most `limit`); returns its code and
+/// output, or panics.
+fn finish(mut p: Proc, limit: Duration) -> (i32, String, String) {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(status) = p.0.try_wait().unwrap() {
+            let mut out = String::new();
+            let mut err = String::new();
+            use std::io::Read;
+            if let Some(mut s) = p.0.stdout.take() {
+                s.read_to_string(&mut out).unwrap();
+            }
+            if let Some(mut s) = p.0.stderr.take() {
+                s.read_to_string(&mut err).unwrap();
+            }
+            return (status.code().unwrap_or(-1), out, err);
+        }
+        assert!(
+            Instant::now() < end,
+            "mintgate did not finish within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Delivered sequences of one run, as collected by a subscriber.
+#[derive(Default)]
+struct Seen {
+    delivered: Vec<u64>,
+    skipped: u64,
+}
+
+/// An in-process subscriber collecting deliveries in a thread.
+fn collect_in_background(
+    mut sub: Subscriber,
+    n: usize,
+    limit: Duration,
+) -> (Arc<Mutex<Seen>>, std::thread::JoinHandle<Subscriber>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s2 = seen.clone();
+    let h = std::thread::spawn(move || {
+        let end = Instant::now() + limit;
+        while Instant::now() < end && s2.lock().unwrap().delivered.len() < n {
+            if let Some(SubEvent::Delivery(d)) = sub.recv_timeout(Duration::from_millis(100)) {
+                let mut s = s2.lock().unwrap();
+                s.skipped += d.skipped_before;
+                s.delivered.push(d.env.seq);
+            }
+        }
+        sub
+    });
+    (seen, h)
+}
+
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn publisher_kill_9_mid_stream_then_resume() {
+    let dir = tmp("kill9");
+    let Some(broker) = mosquitto(&dir.join("broker")) else {
+        return;
+    };
+    const N: usize = 1500;
+    let topic = "mintgate/test/kill9".to_string();
+    let mut sc = SubscriberConfig::new(broker.url(), topic.clone());
+    sc.reorder = ReorderConfig {
+        gap_timeout: Some(Duration::from_secs(20)),
+        ..ReorderConfig::default()
+    };
+    let mut sub = Subscriber::start(sc).unwrap();
+    assert!(
+        sub.wait_subscribed(Duration::from_secs(10)),
+        "no SUBACK from mosquitto"
+    );
+    let (seen, collector) = collect_in_background(sub, N, Duration::from_secs(80));
+
+    let state = dir.join("state");
+    let args: Vec<String> = [
+        "publish",
+        "--broker",
+        &broker.url().to_string(),
+        "--topic",
+        &topic,
+        "--count",
+        &N.to_string(),
+        "--rate",
+        "600",
+        "--state",
+        state.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut first = mintgate(&args);
+    assert!(
+        wait_for(Duration::from_secs(30), || seen
+            .lock()
+            .unwrap()
+            .delivered
+            .len()
+            >= 400),
+        "the publisher did not get going"
+    );
+    // kill -9 (SIGKILL) mid-stream.
+    first.0.kill().unwrap();
+    let status = first.0.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        None,
+        "the publisher was not killed by the signal but exited"
+    );
+    let at_kill = seen.lock().unwrap().delivered.len();
+    assert!(
+        at_kill < N,
+        "the publisher finished before the kill ({at_kill})"
+    );
+    drop(first);
+
+    let (code, out, err) = finish(mintgate(&args), Duration::from_secs(60));
+    assert_eq!(code, 0, "resumed publish failed:\n{out}\n{err}");
+    assert!(
+        err.contains("publish: resuming"),
+        "the second run did not resume:\n{err}"
+    );
+    assert!(out.contains("publish complete"), "{out}");
+
+    let sub = collector.join().unwrap();
+    let s = seen.lock().unwrap();
+    assert_eq!(s.skipped, 0, "messages lost (gaps skipped)");
+    assert_eq!(
+        s.delivered,
+        (1..=N as u64).collect::<Vec<_>>(),
+        "not 1..=N once in order"
+    );
+    eprintln!(
+        "kill -9 at {at_kill}/{N} delivered; subscriber stats after resume: {:?}",
+        sub.stats()
+    );
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn broker_restart_mid_stream() {
+    let dir = tmp("restart");
+    let Some(mut broker) = mosquitto(&dir.join("broker")) else {
+        return;
+    };
+    const N: usize = 1500;
+    let url = broker.url().to_string();
+    let topic = "mintgate/test/restart";
+    // The subscriber is `mintgate subscribe` with a persistent session, so
+    // mosquitto keeps (and saves on SIGTERM) what is queued for it.
+    let mut subp = mintgate(
+        &[
+            "subscribe",
+            "--broker",
+            &url,
+            "--topic",
+            topic,
+            "--count",
+            "1500",
+            "--json",
+            "--client-id",
+            "mintgate-test-restart-sub",
+            "--persistent",
+            "--timeout",
+            "90s",
+            "--gap-timeout",
+            "30s",
+        ]
+        .map(String::from),
+    );
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let l2 = lines.clone();
+    let stdout = subp.0.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            l2.lock().unwrap().push(l);
+        }
+    });
+    let subscribed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s2 = subscribed.clone();
+    let stderr = subp.0.stderr.take().unwrap();
+    let err_reader = std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            s2.lock().unwrap().push(l);
+        }
+    });
+    assert!(
+        wait_for(Duration::from_secs(15), || subscribed
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("subscribed to"))),
+        "mintgate subscribe did not subscribe"
+    );
+
+    let state = dir.join("state");
+    let publ = mintgate(
+        &[
+            "publish",
+            "--broker",
+            &url,
+            "--topic",
+            topic,
+            "--count",
+            "1500",
+            "--rate",
+            "500",
+            "--state",
+            state.to_str().unwrap(),
+            "--timeout",
+            "80s",
+        ]
+        .map(String::from),
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || lines.lock().unwrap().len()
+            >= 400),
+        "nothing arrived before the restart"
+    );
+    broker.restart().expect("restarting mosquitto");
+    let at_restart = lines.lock().unwrap().len();
+    assert!(at_restart < N, "the stream finished before the restart");
+
+    let (code, out, err) = finish(publ, Duration::from_secs(85));
+    assert_eq!(code, 0, "publish failed:\n{out}\n{err}");
+    let (scode, _, _) = finish(subp, Duration::from_secs(60));
+    reader.join().unwrap();
+    err_reader.join().unwrap();
+    let errs = subscribed.lock().unwrap().join("\n");
+    assert_eq!(
+        scode, 0,
+        "mintgate subscribe did not get --count messages:\n{errs}"
+    );
+    assert!(
+        errs.contains("disconnected"),
+        "the subscriber never saw the restart:\n{errs}"
+    );
+    let mut seqs = Vec::new();
+    for l in lines.lock().unwrap().iter() {
+        let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+        assert_eq!(v["skipped_before"], 0, "a gap was skipped: {l}");
+        assert_eq!(v["msg"].as_str().unwrap().len(), 4, "{l}");
+        seqs.push(v["seq"].as_u64().unwrap());
+    }
+    assert_eq!(
+        seqs,
+        (1..=N as u64).collect::<Vec<_>>(),
+        "not 1..=N once in order"
+    );
+    eprintln!("restart at {at_restart}/{N} delivered; publisher: {out}; subscriber: {errs}");
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,689 @@
+//! `lab mqtt`: paper 004, Fig. 5. 1,000 messages of 26 bytes numbered
+//! 0001-1000, 5 runs per method and broker:
+//!
+//! - `pubqueue_qos1`: the publish queue (persistent, redb), QoS 1, window 1
+//!   (the next message only after the previous PUBACK).
+//! - `qos2`: plain QoS 2 with one message in flight (how the earlier work
+//!   got ordering).
+//! - `qos1`: plain QoS 1 with the client's default in-flight limit
+//!   (rumqttc: 100), for reference: fast, but with no order guarantee once
+//!   something fails.
+//! - `pubqueue_qos1_wN`: the publish queue with window N (default 16) and
+//!   the receiver restoring the order (not in the paper; our second target).
+//!
+//! Every message goes in the same JSON envelope (`pub`, `seq`, `ts`, `msg`
+//! with the 26-byte body). A subscriber on the same broker, connected before
+//! the run starts, checks every message: `missing` counts sequence numbers
+//! that never arrived, `out_of_order` counts messages the application saw
+//! out of order: after the reorder buffer for the publish-queue methods (the
+//! receiving side is part of them), in arrival order for the plain ones. The
+//! raw arrival inversions and duplicates of every method are in the table.
+//!
+//! A run's time is from the first enqueue/publish (after the connection is
+//! up and, for the queue, its store open) until the publisher has every
+//! acknowledgement and the subscriber every message. The queue's time
+//! includes the durable write of the 1,000 messages.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use mintgate_mqtt::broker::{find_mosquitto, EmbeddedBroker, Mosquitto};
+use mintgate_mqtt::plain::{publish_plain, CLIENT_DEFAULT_INFLIGHT};
+use mintgate_mqtt::reorder::ReorderConfig;
+use mintgate_mqtt::{
+    BrokerUrl, Publisher, PublisherConfig, Qos, SubEvent, Subscriber, SubscriberConfig,
+};
+use plotters::prelude::*;
+
+use crate::{line, paper, LabOptions, Summary};
+
+/// Options of `lab mqtt`.
+#[derive(Clone)]
+pub struct MqttLabOptions {
+    /// Output folder, progress sink, `quick`.
+    pub common: LabOptions,
+    /// A broker to use instead of a private mosquitto (the embedded broker
+    /// is always measured too).
+    pub broker: Option<BrokerUrl>,
+    /// Runs per method and broker [5; quick 2].
+    pub runs: Option<usize>,
+    /// Messages per run [1000, the paper's].
+    pub messages: Option<u64>,
+    /// Window of the extra windowed publish-queue method [16].
+    pub window: usize,
+}
+
+impl Default for MqttLabOptions {
+    fn default() -> Self {
+        MqttLabOptions {
+            common: LabOptions::default(),
+            broker: None,
+            runs: None,
+            messages: None,
+            window: 16,
+        }
+    }
+}
+
+/// The body of message `i`: 26 bytes, `0001:mintgate-fig5-payload`.
+pub fn body(i: u64) -> String {
+    format!("{i:04}:mintgate-fig5-payload")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Method {
+    PubQueue,
+    Qos2,
+    Qos1,
+    PubQueueWindow(usize),
+}
+
+impl Method {
+    fn name(self) -> String {
+        match self {
+            Method::PubQueue => "pubqueue_qos1".into(),
+            Method::Qos2 => "qos2".into(),
+            Method::Qos1 => "qos1".into(),
+            Method::PubQueueWindow(w) => format!("pubqueue_qos1_w{w}"),
+        }
+    }
+}
+
+/// One run's measurement (a row of `mqtt.csv`).
+#[derive(Clone, Debug)]
+pub struct MqttRow {
+    /// `embedded`, `mosquitto` or `external`.
+    pub broker: String,
+    /// Method name.
+    pub method: String,
+    /// Run number, 1-based.
+    pub run: usize,
+    /// Messages published.
+    pub messages: u64,
+    /// Seconds for the run.
+    pub seconds: f64,
+    /// Sequence numbers that never reached the subscriber.
+    pub missing: u64,
+    /// Messages the application saw out of order (see the module docs).
+    pub out_of_order: u64,
+    /// Arrivals with a lower sequence than an earlier new one, before any
+    /// reordering.
+    pub raw_out_of_order: u64,
+    /// Duplicate arrivals.
+    pub duplicates: u64,
+    /// Why the run failed, if it did.
+    pub error: Option<String>,
+}
+
+fn embedded() -> anyhow::Result<&'static EmbeddedBroker> {
+    static B: OnceLock<EmbeddedBroker> = OnceLock::new();
+    if let Some(b) = B.get() {
+        return Ok(b);
+    }
+    let b = EmbeddedBroker::start_loopback().context("starting the embedded broker")?;
+    Ok(B.get_or_init(|| b))
+}
+
+/// Runs the lab; writes `mqtt.csv` and `mqtt.svg`.
+pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
+    let o = &opts.common;
+    let runs = opts.runs.unwrap_or(if o.quick { 2 } else { 5 }).max(1);
+    let n = opts.messages.unwrap_or(1000).clamp(1, 100_000);
+    let window = opts.window.clamp(2, 1024);
+    crate::create_out(&o.out)?;
+    let progress = &o.progress;
+    let work = std::env::temp_dir().join(format!(
+        "mintgate-lab-mqtt-{}-{:08x}",
+        std::process::id(),
+        rand_u32()
+    ));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+
+    let mut brokers: Vec<(String, BrokerUrl)> = vec![("embedded".into(), embedded()?.url())];
+    let mut notes = Vec::new();
+    let _mosquitto; // kept alive until the lab ends
+    match &opts.broker {
+        Some(url) => brokers.push(("external".into(), url.clone())),
+        None => match find_mosquitto() {
+            Some(bin) => {
+                let m = Mosquitto::start(&bin, &work.join("mosquitto"))
+                    .with_context(|| format!("starting {}", bin.display()))?;
+                brokers.push(("mosquitto".into(), m.url()));
+                _mosquitto = Some(m);
+            }
+            None => notes.push(
+                "mosquitto: not installed (apt-get install mosquitto, or --broker URL); \
+                 measured against the embedded broker only"
+                    .to_string(),
+            ),
+        },
+    }
+    let methods = [
+        Method::PubQueue,
+        Method::Qos2,
+        Method::Qos1,
+        Method::PubQueueWindow(window),
+    ];
+    progress(&format!(
+        "lab mqtt: {n} messages of {} bytes per run, {runs} run(s) per method, brokers: {}",
+        body(1).len(),
+        brokers
+            .iter()
+            .map(|(b, u)| format!("{b} ({u})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let mut rows = Vec::new();
+    for (bname, url) in &brokers {
+        for &m in &methods {
+            for run in 1..=runs {
+                let row = run_one(bname, url, m, run, n, &work);
+                progress(&format!(
+                    "lab mqtt: {bname:9} {:18} run {run}: {:.3} s, missing {}, out of order {} \
+                     (raw {}, duplicates {}){}",
+                    row.method,
+                    row.seconds,
+                    row.missing,
+                    row.out_of_order,
+                    row.raw_out_of_order,
+                    row.duplicates,
+                    row.error
+                        .as_deref()
+                        .map(|e| format!(" FAILED: {e}"))
+                        .unwrap_or_default()
+                ));
+                rows.push(row);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+
+    let csv_path = o.out.join("mqtt.csv");
+    let mut csv = String::from("broker,method,run,messages,seconds,missing,out_of_order\n");
+    for r in &rows {
+        line(
+            &mut csv,
+            format_args!(
+                "{},{},{},{},{:.4},{},{}",
+                r.broker, r.method, r.run, r.messages, r.seconds, r.missing, r.out_of_order
+            ),
+        );
+    }
+    crate::write_file(&csv_path, &csv)?;
+    let svg_path = o.out.join("mqtt.svg");
+    plot(&svg_path, &rows, &brokers, &methods, n)?;
+    let (table, met) = table(&rows, &brokers, &methods, n, window, &notes);
+    Ok(Summary {
+        lab: "mqtt",
+        table,
+        files: vec![csv_path, svg_path],
+        target_met: Some(met),
+    })
+}
+
+fn rand_u32() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+        .unwrap_or(0)
+}
+
+/// One run: subscriber up, publish all, wait for all.
+fn run_one(bname: &str, url: &BrokerUrl, m: Method, run: usize, n: u64, work: &Path) -> MqttRow {
+    let mut row = MqttRow {
+        broker: bname.into(),
+        method: m.name(),
+        run,
+        messages: n,
+        seconds: 0.0,
+        missing: n,
+        out_of_order: 0,
+        raw_out_of_order: 0,
+        duplicates: 0,
+        error: None,
+    };
+    let nonce = rand_u32();
+    let topic = format!("mintgate/lab/fig5/{}/{run}/{nonce:08x}", m.name());
+    let publisher = format!("lab-{}-{run}-{nonce:08x}", m.name());
+    let mut sc = SubscriberConfig::new(url.clone(), topic.clone());
+    sc.qos = if m == Method::Qos2 {
+        Qos::ExactlyOnce
+    } else {
+        Qos::AtLeastOnce
+    };
+    sc.report_arrivals = true;
+    sc.reorder = ReorderConfig {
+        gap_timeout: None,
+        max_buffer: n as usize + 1,
+        ..ReorderConfig::default()
+    };
+    let mut sub = match Subscriber::start(sc) {
+        Ok(s) => s,
+        Err(e) => {
+            row.error = Some(format!("subscriber: {e}"));
+            return row;
+        }
+    };
+    if !sub.wait_subscribed(Duration::from_secs(10)) {
+        row.error = Some("no SUBACK within 10 s".into());
+        return row;
+    }
+    let bodies: Vec<String> = (1..=n).map(body).collect();
+    // Set-up (opening the store, connecting) is not timed: the clock starts
+    // when the first message is handed to the queue or the client.
+    let queue = match m {
+        Method::PubQueue | Method::PubQueueWindow(_) => {
+            let mut cfg = PublisherConfig::new(url.clone());
+            cfg.window = match m {
+                Method::PubQueueWindow(w) => w,
+                _ => 1,
+            };
+            cfg.state = Some(work.join(format!("state-{}-{run}-{nonce:08x}", m.name())));
+            cfg.publisher_id = Some(publisher.clone());
+            let p = match Publisher::start(cfg) {
+                Ok(p) => p,
+                Err(e) => {
+                    row.error = Some(format!("publish queue: {e}"));
+                    return row;
+                }
+            };
+            if !p
+                .wait_until(Duration::from_secs(10), |s| s.connected)
+                .connected
+            {
+                row.error = Some("the publish queue did not connect within 10 s".into());
+                return row;
+            }
+            Some(p)
+        }
+        Method::Qos2 | Method::Qos1 => None,
+    };
+    let t_setup = Instant::now();
+    let url2 = url.clone();
+    let topic2 = topic.clone();
+    let pubname = publisher.clone();
+    let pub_thread = std::thread::spawn(move || -> Result<(Instant, Instant), String> {
+        let limit = Duration::from_secs(60);
+        match queue {
+            Some(p) => {
+                let start = Instant::now();
+                p.enqueue_many(&topic2, bodies).map_err(|e| e.to_string())?;
+                let ok = p.wait_idle(limit);
+                let done = Instant::now();
+                let st = p.close(Duration::ZERO);
+                if ok {
+                    Ok((start, done))
+                } else {
+                    Err(format!(
+                        "{} unacknowledged after {limit:?} ({})",
+                        st.unacked,
+                        st.last_error.unwrap_or_default()
+                    ))
+                }
+            }
+            None => {
+                let (qos, inflight) = if m == Method::Qos2 {
+                    (Qos::ExactlyOnce, 1)
+                } else {
+                    (Qos::AtLeastOnce, CLIENT_DEFAULT_INFLIGHT)
+                };
+                let r = publish_plain(&url2, &topic2, qos, inflight, &pubname, &bodies, limit)?;
+                Ok((r.started, r.started + r.elapsed))
+            }
+        }
+    });
+    // Watch the subscriber while the publisher runs.
+    let reordering = matches!(m, Method::PubQueue | Method::PubQueueWindow(_));
+    let mut seen = vec![false; n as usize + 1];
+    let mut distinct = 0u64;
+    let mut max_raw = 0u64;
+    let mut last_delivered = 0u64;
+    let mut last_arrival = t_setup;
+    let mut pub_done: Option<Result<(Instant, Instant), String>> = None;
+    let mut quiet_since = Instant::now();
+    let mut handle = Some(pub_thread);
+    loop {
+        if let Some(h) = handle.take_if(|h| h.is_finished()) {
+            pub_done = Some(
+                h.join()
+                    .unwrap_or_else(|_| Err("publisher panicked".into())),
+            );
+            quiet_since = Instant::now();
+        }
+        // Done when every message arrived and (for the queue methods) came
+        // out of the reorder buffer too.
+        let all_in = distinct == n && (!reordering || last_delivered == n);
+        if all_in && pub_done.is_some() {
+            break;
+        }
+        // Bounded: 15 s without an arrival after the publisher finished, or
+        // 90 s in all.
+        if (pub_done.is_some() && quiet_since.elapsed() > Duration::from_secs(15))
+            || t_setup.elapsed() > Duration::from_secs(90)
+        {
+            break;
+        }
+        match sub.recv_timeout(Duration::from_millis(20)) {
+            Some(SubEvent::Arrival(env)) if env.publisher == publisher => {
+                last_arrival = Instant::now();
+                quiet_since = last_arrival;
+                let s = env.seq;
+                if s >= 1 && s <= n && !seen[s as usize] {
+                    seen[s as usize] = true;
+                    distinct += 1;
+                    if s < max_raw {
+                        row.raw_out_of_order += 1;
+                    }
+                    max_raw = max_raw.max(s);
+                } else {
+                    row.duplicates += 1;
+                }
+            }
+            Some(SubEvent::Delivery(d)) if d.env.publisher == publisher => {
+                if d.env.seq <= last_delivered || d.skipped_before > 0 {
+                    row.error
+                        .get_or_insert_with(|| "reorder buffer misbehaved".into());
+                }
+                last_delivered = d.env.seq;
+            }
+            _ => {}
+        }
+    }
+    // A publisher still running after the bounds: wait for its own limit.
+    if let Some(h) = handle.take() {
+        pub_done = Some(
+            h.join()
+                .unwrap_or_else(|_| Err("publisher panicked".into())),
+        );
+    }
+    row.missing = n - distinct;
+    row.out_of_order = if reordering {
+        // Delivered in order by construction unless the buffer misbehaved;
+        // what is not delivered yet is missing or held behind a gap.
+        0
+    } else {
+        row.raw_out_of_order
+    };
+    match pub_done {
+        Some(Ok((start, done))) => {
+            let end = if distinct == n {
+                done.max(last_arrival)
+            } else {
+                done
+            };
+            row.seconds = end.saturating_duration_since(start).as_secs_f64();
+        }
+        Some(Err(e)) => {
+            row.seconds = t_setup.elapsed().as_secs_f64();
+            row.error = Some(e);
+        }
+        None => {}
+    }
+    if reordering && last_delivered != distinct && row.missing == 0 {
+        row.error
+            .get_or_insert_with(|| format!("delivered up to {last_delivered} of {distinct}"));
+    }
+    row
+}
+
+#[derive(Default)]
+struct Agg {
+    runs: usize,
+    failed: usize,
+    mean: f64,
+    median: f64,
+    min: f64,
+    max: f64,
+    missing: u64,
+    ooo: u64,
+    raw_ooo: u64,
+    dups: u64,
+}
+
+fn aggregate(rows: &[MqttRow], broker: &str, method: &str) -> Agg {
+    let rs: Vec<&MqttRow> = rows
+        .iter()
+        .filter(|r| r.broker == broker && r.method == method)
+        .collect();
+    let mut ok: Vec<f64> = rs
+        .iter()
+        .filter(|r| r.error.is_none())
+        .map(|r| r.seconds)
+        .collect();
+    ok.sort_by(f64::total_cmp);
+    let median = match ok.len() {
+        0 => f64::NAN,
+        k if k % 2 == 1 => ok[k / 2],
+        k => (ok[k / 2 - 1] + ok[k / 2]) / 2.0,
+    };
+    Agg {
+        runs: rs.len(),
+        failed: rs.len() - ok.len(),
+        mean: if ok.is_empty() {
+            f64::NAN
+        } else {
+            ok.iter().sum::<f64>() / ok.len() as f64
+        },
+        median,
+        min: ok.iter().copied().fold(f64::INFINITY, f64::min),
+        max: ok.iter().copied().fold(0.0, f64::max),
+        missing: rs.iter().map(|r| r.missing).sum(),
+        ooo: rs.iter().map(|r| r.out_of_order).sum(),
+        raw_ooo: rs.iter().map(|r| r.raw_out_of_order).sum(),
+        dups: rs.iter().map(|r| r.duplicates).sum(),
+    }
+}
+
+fn table(
+    rows: &[MqttRow],
+    brokers: &[(String, BrokerUrl)],
+    methods: &[Method],
+    n: u64,
+    window: usize,
+    notes: &[String],
+) -> (String, bool) {
+    let mut t = String::new();
+    line(
+        &mut t,
+        format_args!(
+            "lab mqtt (paper 004 Fig. 5): {n} messages of {} bytes per run; seconds per run \
+             (median, mean, min-max); msg/s and the ratios from the medians",
+            body(1).len()
+        ),
+    );
+    line(
+        &mut t,
+        format_args!(
+            "{:<10} {:<19} {:>4} {:>9} {:>9} {:>17} {:>9} {:>8} {:>7} {:>8} {:>6}",
+            "broker",
+            "method",
+            "runs",
+            "median s",
+            "mean s",
+            "min-max s",
+            "msg/s",
+            "missing",
+            "out-ord",
+            "raw o-o",
+            "dups"
+        ),
+    );
+    let mut met = true;
+    let mut verdicts = Vec::new();
+    for (b, _) in brokers {
+        for m in methods {
+            let a = aggregate(rows, b, &m.name());
+            line(
+                &mut t,
+                format_args!(
+                    "{:<10} {:<19} {:>4} {:>9.3} {:>9.3} {:>8.3}-{:<8.3} {:>9.0} {:>8} {:>7} {:>8} {:>6}{}",
+                    b,
+                    m.name(),
+                    a.runs,
+                    a.median,
+                    a.mean,
+                    a.min,
+                    a.max,
+                    n as f64 / a.median,
+                    a.missing,
+                    a.ooo,
+                    a.raw_ooo,
+                    a.dups,
+                    if a.failed > 0 {
+                        format!("  ({} run(s) FAILED)", a.failed)
+                    } else {
+                        String::new()
+                    }
+                ),
+            );
+        }
+        let pq = aggregate(rows, b, &Method::PubQueue.name());
+        let q2 = aggregate(rows, b, &Method::Qos2.name());
+        let pw = aggregate(rows, b, &Method::PubQueueWindow(window).name());
+        let r1 = q2.median / pq.median;
+        let r2 = pq.median / pw.median;
+        let clean = |a: &Agg| a.missing == 0 && a.ooo == 0 && a.failed == 0;
+        let ok1 = r1 >= paper::MQTT_QOS2_OVER_PUBQUEUE && clean(&pq);
+        let ok2 = r2 >= 3.0 && clean(&pw);
+        met &= ok1 && ok2;
+        verdicts.push(format!(
+            "{b}: QoS 2 time / Pub Queue time = {r1:.2}x (paper: about {:.0}x; target >= 2x, 0 missing, \
+             0 out of order: {}); window {window} + reordering rate / window 1 rate = {r2:.2}x \
+             (target >= 3x, 0 missing, 0 out of order: {})",
+            paper::MQTT_QOS2_OVER_PUBQUEUE,
+            if ok1 { "met" } else { "NOT met" },
+            if ok2 { "met" } else { "NOT met" },
+        ));
+    }
+    line(&mut t, format_args!(""));
+    for v in verdicts {
+        line(&mut t, format_args!("{v}"));
+    }
+    line(
+        &mut t,
+        format_args!(
+            "out-ord: seen out of order by the application (publish-queue methods: after the \
+             receiver's reorder buffer; plain: as they arrived). raw o-o: arrivals before reordering."
+        ),
+    );
+    for p in paper::MQTT_FIG5_TEXT {
+        line(&mut t, format_args!("{p}"));
+    }
+    for note in notes {
+        line(&mut t, format_args!("note: {note}"));
+    }
+    (t, met)
+}
+
+fn err(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("drawing the chart: {e}")
+}
+
+/// `mqtt.svg`: mean seconds per run for each method, one group of bars per
+/// broker, min-max as whiskers, each run as a dot.
+fn plot(
+    path: &PathBuf,
+    rows: &[MqttRow],
+    brokers: &[(String, BrokerUrl)],
+    methods: &[Method],
+    n: u64,
+) -> anyhow::Result<()> {
+    const COLORS: [RGBColor; 4] = [
+        RGBColor(0x1f, 0x77, 0xb4),
+        RGBColor(0xd6, 0x27, 0x28),
+        RGBColor(0x7f, 0x7f, 0x7f),
+        RGBColor(0x2c, 0xa0, 0x2c),
+    ];
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let ymax = rows
+        .iter()
+        .filter(|r| r.error.is_none())
+        .map(|r| r.seconds)
+        .fold(0.01, f64::max)
+        * 1.15;
+    let groups = brokers.len() as f64;
+    let width = methods.len() as f64 + 1.0;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{n} MQTT messages: seconds per run (paper 004 Fig. 5)"),
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..groups * width, 0f64..ymax)
+        .map_err(err)?;
+    let names: Vec<String> = brokers.iter().map(|(b, _)| b.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(brokers.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let g = (x / width).floor();
+            let centre = g * width + width / 2.0;
+            if (x - centre).abs() < 0.3 {
+                names.get(g as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("seconds per run")
+        .y_label_formatter(&|y| format!("{y:.2}"))
+        .draw()
+        .map_err(err)?;
+    for (mi, m) in methods.iter().enumerate() {
+        let color = COLORS[mi % COLORS.len()];
+        let mut bars = Vec::new();
+        let mut dots = Vec::new();
+        for (bi, (b, _)) in brokers.iter().enumerate() {
+            let a = aggregate(rows, b, &m.name());
+            let x0 = bi as f64 * width + 0.5 + mi as f64;
+            if a.mean.is_finite() {
+                bars.push(Rectangle::new(
+                    [(x0 + 0.1, 0.0), (x0 + 0.9, a.mean)],
+                    color.mix(0.6).filled(),
+                ));
+                bars.push(Rectangle::new(
+                    [(x0 + 0.45, a.min), (x0 + 0.55, a.max)],
+                    BLACK.filled(),
+                ));
+            }
+            for r in rows
+                .iter()
+                .filter(|r| r.broker == *b && r.method == m.name() && r.error.is_none())
+            {
+                dots.push(Circle::new((x0 + 0.5, r.seconds), 2, BLACK.filled()));
+            }
+        }
+        chart
+            .draw_series(bars)
+            .map_err(err)?
+            .label(m.name())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+        chart.draw_series(dots).map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_is_26_bytes_numbered() {
+        assert_eq!(body(1), "0001:mintgate-fig5-payload");
+        assert_eq!(body(1000).len(), 26);
+        assert_eq!(body(7).len(), 26);
+    }
+}

@@ -1,0 +1,292 @@
+//! Brokers: the embedded one (rumqttd, the default, so that nothing external
+//! is needed) and a launcher for a private mosquitto (tests and the lab).
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::conn::BrokerUrl;
+
+/// The embedded rumqttd broker (MQTT 3.1.1 on one port, MQTT 5 on another).
+///
+/// rumqttd has no shutdown: its threads live until the process exits.
+/// Start one per process (the lab, `mintgate broker`) and reuse it.
+#[derive(Debug)]
+pub struct EmbeddedBroker {
+    v4: SocketAddr,
+    v5: SocketAddr,
+}
+
+/// A free TCP port on `ip` (it may be taken again before it is used; the
+/// callers retry or accept the small race on loopback).
+pub fn free_port(ip: std::net::IpAddr) -> io::Result<u16> {
+    Ok(TcpListener::bind((ip, 0))?.local_addr()?.port())
+}
+
+fn wait_listening(addr: SocketAddr, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+impl EmbeddedBroker {
+    /// Starts rumqttd with MQTT 3.1.1 on `v4` and MQTT 5 on `v5` (port 0: a
+    /// free port) and waits until both accept connections.
+    pub fn start(v4: SocketAddr, v5: SocketAddr) -> io::Result<EmbeddedBroker> {
+        let pick = |a: SocketAddr| -> io::Result<SocketAddr> {
+            if a.port() == 0 {
+                Ok(SocketAddr::new(a.ip(), free_port(a.ip())?))
+            } else {
+                Ok(a)
+            }
+        };
+        let (v4, v5) = (pick(v4)?, pick(v5)?);
+        let server = |name: &str, listen: SocketAddr| rumqttd::ServerSettings {
+            name: name.into(),
+            listen,
+            tls: None,
+            next_connection_delay_ms: 1,
+            connections: rumqttd::ConnectionSettings {
+                connection_timeout_ms: 60_000,
+                max_payload_size: 256 * 1024,
+                max_inflight_count: 100,
+                auth: None,
+                external_auth: None,
+                dynamic_filters: true,
+            },
+        };
+        let config = rumqttd::Config {
+            id: 0,
+            router: rumqttd::RouterConfig {
+                max_connections: 1_000,
+                max_outgoing_packet_count: 200,
+                max_segment_size: 16 * 1024 * 1024,
+                max_segment_count: 10,
+                ..Default::default()
+            },
+            v4: Some([("1".to_string(), server("v4-1", v4))].into()),
+            v5: Some([("1".to_string(), server("v5-1", v5))].into()),
+            ..Default::default()
+        };
+        std::thread::Builder::new()
+            .name("rumqttd".into())
+            .spawn(move || {
+                let mut broker = rumqttd::Broker::new(config);
+                if let Err(e) = broker.start() {
+                    tracing::error!("embedded broker: {e}");
+                }
+            })?;
+        for a in [v4, v5] {
+            if !wait_listening(a, Duration::from_secs(10)) {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the embedded broker did not listen on {a} within 10 s"),
+                ));
+            }
+        }
+        Ok(EmbeddedBroker { v4, v5 })
+    }
+
+    /// Both listeners on free loopback ports.
+    pub fn start_loopback() -> io::Result<EmbeddedBroker> {
+        let lo: SocketAddr = ([127, 0, 0, 1], 0).into();
+        EmbeddedBroker::start(lo, lo)
+    }
+
+    /// The MQTT 3.1.1 listener.
+    pub fn addr(&self) -> SocketAddr {
+        self.v4
+    }
+
+    /// The MQTT 5 listener.
+    pub fn addr_v5(&self) -> SocketAddr {
+        self.v5
+    }
+
+    /// `mqtt://` URL of the 3.1.1 listener.
+    pub fn url(&self) -> BrokerUrl {
+        BrokerUrl::from_addr(self.v4)
+    }
+
+    /// `mqtt5://` URL of the MQTT 5 listener.
+    pub fn url_v5(&self) -> BrokerUrl {
+        BrokerUrl::from_addr(self.v5).with_version(crate::conn::Version::V5)
+    }
+}
+
+/// Where a `mosquitto` binary is: on PATH, or Debian's `/usr/sbin`.
+pub fn find_mosquitto() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("mosquitto"))
+            .find(|f| f.is_file())
+    });
+    on_path.or_else(|| {
+        let p = PathBuf::from("/usr/sbin/mosquitto");
+        p.is_file().then_some(p)
+    })
+}
+
+/// A private mosquitto on a loopback port with its own generated config and
+/// persistence folder; killed on drop. [`Mosquitto::restart`] stops it
+/// gracefully (SIGTERM: it saves its persistence file) and starts it again
+/// on the same port.
+#[derive(Debug)]
+pub struct Mosquitto {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Mosquitto {
+    /// Starts mosquitto from `bin`, keeping its config, log and persistence
+    /// in `dir` (created), on a free loopback port.
+    pub fn start(bin: &Path, dir: &Path) -> io::Result<Mosquitto> {
+        std::fs::create_dir_all(dir)?;
+        let mut last = None;
+        // A port found free may be taken before mosquitto binds it: retry.
+        for _ in 0..5 {
+            let port = free_port([127, 0, 0, 1].into())?;
+            let mut m = Mosquitto {
+                bin: bin.to_owned(),
+                dir: dir.to_owned(),
+                port,
+                child: None,
+            };
+            match m.spawn() {
+                Ok(()) => return Ok(m),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("mosquitto did not start")))
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let conf = self.dir.join("mosquitto.conf");
+        let mut text = format!(
+            "# generated by mintgate for a private test/lab broker\n\
+             listener {port} 127.0.0.1\n\
+             allow_anonymous true\n\
+             persistence true\n\
+             persistence_location {dir}/\n\
+             autosave_interval 30\n\
+             max_queued_messages 100000\n\
+             set_tcp_nodelay true\n\
+             log_dest file {dir}/mosquitto.log\n\
+             log_type error\n\
+             log_type warning\n",
+            port = self.port,
+            dir = self.dir.display()
+        );
+        // Run as root (CI), mosquitto would switch to the `mosquitto` user,
+        // which cannot write our folder: stay as we are.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            text.push_str("user root\n");
+        }
+        std::fs::write(&conf, text)?;
+        let child = Command::new(&self.bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    self.child = None;
+                    let log =
+                        std::fs::read_to_string(self.dir.join("mosquitto.log")).unwrap_or_default();
+                    return Err(io::Error::other(format!(
+                        "mosquitto exited ({status}) on port {}: {}",
+                        self.port,
+                        log.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+                    )));
+                }
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("mosquitto did not listen on {addr} within 10 s"),
+        ))
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `mqtt://127.0.0.1:PORT`.
+    pub fn url(&self) -> BrokerUrl {
+        BrokerUrl::from_addr(([127, 0, 0, 1], self.port).into())
+    }
+
+    /// Stops it with SIGTERM (waiting up to 5 s, then SIGKILL).
+    pub fn stop(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(c.id()) {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// Stops it gracefully and starts it again on the same port.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.stop();
+        // The port can linger briefly; retry the start a few times.
+        let mut last = None;
+        for _ in 0..20 {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    last = Some(e);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("mosquitto did not restart")))
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,166 @@
+//! The message envelope every queued publish carries, as JSON:
+//!
+//! ```json
+//! {"pub":"gw-3f2a9c1e","seq":17,"ts":1732550400123,"msg":"0017:mintgate-fig5-payload"}
+//! ```
+//!
+//! - `pub`: the publisher's identity (stable across restarts: it lives in the
+//!   queue's store), so that a receiver orders each publisher separately.
+//! - `seq`: the per-publisher sequence number, 1, 2, 3, ... with no gaps. The
+//!   receiver orders and de-duplicates by it (the paper used the current time
+//!   in milliseconds, which collides when two messages share a millisecond).
+//! - `ts`: when the message was enqueued, milliseconds since the Unix epoch;
+//!   informational only, never used for ordering.
+//! - `msg`: the application's body, a UTF-8 string.
+//!
+//! [`decode`] is a pure function of its input: it never panics, whatever the
+//! bytes (they come off the network), and it rejects rather than guesses.
+
+use serde::{Deserialize, Serialize};
+
+/// Longest publisher id [`decode`] accepts, in bytes.
+pub const MAX_PUBLISHER_LEN: usize = 128;
+
+/// One queued message as it travels in a PUBLISH payload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The publisher's identity.
+    #[serde(rename = "pub")]
+    pub publisher: String,
+    /// Per-publisher sequence number, starting at 1.
+    pub seq: u64,
+    /// Enqueue time, ms since the Unix epoch.
+    pub ts: u64,
+    /// The application's body.
+    #[serde(default)]
+    pub msg: String,
+}
+
+/// Why a payload is not an [`Envelope`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not JSON, or JSON without the required fields of the right types.
+    #[error("not a mintgate envelope: {0}")]
+    Json(String),
+    /// `seq` is 0 (sequence numbers start at 1).
+    #[error("seq must be at least 1")]
+    ZeroSeq,
+    /// The publisher id is empty or longer than [`MAX_PUBLISHER_LEN`].
+    #[error("publisher id must be 1..={MAX_PUBLISHER_LEN} bytes, got {0}")]
+    PublisherLen(usize),
+}
+
+impl Envelope {
+    /// The JSON bytes of this envelope.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serialising a struct of strings and integers cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// Parses a PUBLISH payload. Pure and total: any input gives `Ok` or `Err`,
+/// never a panic. Unknown extra fields are ignored (forward compatibility).
+pub fn decode(payload: &[u8]) -> Result<Envelope, DecodeError> {
+    let env: Envelope =
+        serde_json::from_slice(payload).map_err(|e| DecodeError::Json(e.to_string()))?;
+    if env.seq == 0 {
+        return Err(DecodeError::ZeroSeq);
+    }
+    let n = env.publisher.len();
+    if n == 0 || n > MAX_PUBLISHER_LEN {
+        return Err(DecodeError::PublisherLen(n));
+    }
+    Ok(env)
+}
+
+/// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trip_and_shape() {
+        let e = Envelope {
+            publisher: "gw-1".into(),
+            seq: 17,
+            ts: 1_732_550_400_123,
+            msg: "0017:mintgate-fig5-payload".into(),
+        };
+        let bytes = e.encode();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert!(text.contains("\"seq\":17"), "{text}");
+        assert!(text.contains("\"ts\":1732550400123"), "{text}");
+        assert_eq!(decode(&bytes).unwrap(), e);
+    }
+
+    #[test]
+    fn rejects_bad_payloads() {
+        assert!(matches!(decode(b""), Err(DecodeError::Json(_))));
+        assert!(matches!(decode(b"hello"), Err(DecodeError::Json(_))));
+        assert!(matches!(
+            decode(br#"{"pub":"a","seq":-1,"ts":0}"#),
+            Err(DecodeError::Json(_))
+        ));
+        assert!(matches!(
+            decode(br#"{"pub":"a","seq":"1","ts":0}"#),
+            Err(DecodeError::Json(_))
+        ));
+        assert_eq!(
+            decode(br#"{"pub":"a","seq":0,"ts":0}"#),
+            Err(DecodeError::ZeroSeq)
+        );
+        assert_eq!(
+            decode(br#"{"pub":"","seq":1,"ts":0}"#),
+            Err(DecodeError::PublisherLen(0))
+        );
+        // Unknown fields are fine, msg defaults to empty.
+        let e = decode(br#"{"pub":"a","seq":3,"ts":5,"x":[1,2]}"#).unwrap();
+        assert_eq!((e.seq, e.ts, e.msg.as_str()), (3, 5, ""));
+        // Deep nesting hits serde_json's recursion limit: an error, no stack overflow.
+        let deep = "[".repeat(100_000);
+        assert!(decode(deep.as_bytes()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn decode_never_panics_on_near_json(
+            seq in any::<i128>(),
+            ts in any::<i128>(),
+            p in ".{0,140}",
+            cut in 0usize..200,
+        ) {
+            let s = format!(r#"{{"pub":{},"seq":{seq},"ts":{ts},"msg":"x"}}"#,
+                serde_json::to_string(&p).unwrap());
+            let r = decode(s.as_bytes());
+            if let Ok(e) = &r {
+                prop_assert!(e.seq >= 1);
+                prop_assert_eq!(e.seq as i128, seq);
+            }
+            let _ = decode(&s.as_bytes()[..cut.min(s.len())]);
+        }
+
+        #[test]
+        fn encode_decode_round_trip(
+            p in "[a-zA-Z0-9_-]{1,64}",
+            seq in 1u64..,
+            ts in any::<u64>(),
+            msg in ".{0,64}",
+        ) {
+            let e = Envelope { publisher: p, seq, ts, msg };
+            prop_assert_eq!(decode(&e.encode()).unwrap(), e);
+        }
+    }
+}

@@ -1,0 +1,565 @@
+//! The publish queue's driver and the [`Publisher`] handle other code feeds.
+//!
+//! A `Publisher` owns one thread running a single-threaded tokio runtime. It
+//! holds the [`PubQueue`] state machine and its [`Store`], keeps one broker
+//! connection up (reconnecting with back-off, 50 ms doubling to 2 s), hands
+//! the queue's transmissions to rumqttc and reports PUBACKs/PUBCOMPs back.
+//!
+//! Packet ids are mapped to sequences by order: on a fresh connection every
+//! publish request produces exactly one `Sent(pkid)` event, in request order,
+//! so the n-th `Sent` belongs to the n-th message handed over. The window
+//! keeps rumqttc from ever running out of packet ids (it cycles 1..=W and at
+//! most W consecutive messages are in flight), so there is no collision.
+//!
+//! [`Publisher::enqueue`] returns only after the message is durable in the
+//! store (when the store is persistent): from then on it reaches the broker
+//! at least once and in order, whatever happens to the connection, the
+//! broker or this process.
+//!
+//! This is also the extension point for bridges (CoAP resources, Observe
+//! streams, direct-path outputs -> topics): they hold a `Publisher` (it is
+//! `Send + Sync`; share it in an `Arc`) and call `enqueue`.
+
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::conn::{check_topic, BrokerUrl, Conn, ConnOptions, LinkEvent, Qos};
+use crate::payload::now_ms;
+use crate::queue::{PubQueue, QueueStats};
+use crate::store::{MemStore, RedbStore, Store};
+
+/// How to run a [`Publisher`].
+#[derive(Clone, Debug)]
+pub struct PublisherConfig {
+    /// The broker.
+    pub broker: BrokerUrl,
+    /// QoS 1 (the paper's Pub Queue) or 2.
+    pub qos: Qos,
+    /// Messages in flight at once (1: the paper's rule).
+    pub window: usize,
+    /// Folder of the persistent store; `None` keeps the queue in memory.
+    pub state: Option<PathBuf>,
+    /// Publisher id for a new store (default: random, `mg-xxxxxxxx`).
+    pub publisher_id: Option<String>,
+    /// MQTT client id (default: the publisher id).
+    pub client_id: Option<String>,
+    /// How often acknowledgements are made durable in the store.
+    pub ack_flush: Duration,
+}
+
+impl PublisherConfig {
+    /// QoS 1, window 1, in memory.
+    pub fn new(broker: BrokerUrl) -> PublisherConfig {
+        PublisherConfig {
+            broker,
+            qos: Qos::AtLeastOnce,
+            window: 1,
+            state: None,
+            publisher_id: None,
+            client_id: None,
+            ack_flush: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A publisher error.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Bad argument (topic, QoS).
+    #[error("{0}")]
+    Invalid(String),
+    /// The driver thread is gone.
+    #[error("the publisher has stopped")]
+    Stopped,
+    /// Could not start the driver thread.
+    #[error("starting the publisher thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A snapshot of the publisher.
+#[derive(Clone, Debug, Default)]
+pub struct Status {
+    /// The sequence the next message gets.
+    pub next_seq: u64,
+    /// Messages not yet acknowledged.
+    pub unacked: usize,
+    /// Messages held by the store at start (resumed).
+    pub resumed: usize,
+    /// Connected to the broker now.
+    pub connected: bool,
+    /// Successful connections so far.
+    pub connects: u64,
+    /// The last connection error.
+    pub last_error: Option<String>,
+    /// Queue counters.
+    pub queue: QueueStats,
+    /// The driver has stopped (after [`Publisher::close`] or a store failure).
+    pub stopped: bool,
+}
+
+struct Shared {
+    status: Mutex<Status>,
+    changed: Condvar,
+}
+
+enum Cmd {
+    Enqueue {
+        topic: String,
+        bodies: Vec<String>,
+        reply: oneshot::Sender<Result<RangeInclusive<u64>, PublishError>>,
+    },
+    Close {
+        drain: Duration,
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// The handle; see the module docs. Dropping it stops the driver (what is
+/// not acknowledged stays in a persistent store for the next start).
+pub struct Publisher {
+    tx: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
+    publisher_id: String,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Publisher {
+    /// Opens the store (resuming what it holds) and starts the driver.
+    pub fn start(cfg: PublisherConfig) -> Result<Publisher, PublishError> {
+        if !matches!(cfg.qos, Qos::AtLeastOnce | Qos::ExactlyOnce) {
+            return Err(PublishError::Invalid(
+                "the publish queue needs QoS 1 or 2 (an acknowledgement per message)".into(),
+            ));
+        }
+        if cfg.window == 0 || cfg.window > 1024 {
+            return Err(PublishError::Invalid(format!(
+                "window must be 1..=1024, got {}",
+                cfg.window
+            )));
+        }
+        let store: Box<dyn Store> = match &cfg.state {
+            Some(dir) => Box::new(RedbStore::open(dir, cfg.publisher_id.as_deref())?),
+            None => Box::new(MemStore::new(
+                cfg.publisher_id
+                    .clone()
+                    .unwrap_or_else(crate::store::random_publisher_id),
+            )),
+        };
+        let rec = store.recovered().clone();
+        let queue = PubQueue::restore(rec.publisher.clone(), cfg.window, rec.next_seq, rec.unacked);
+        let shared = Arc::new(Shared {
+            status: Mutex::new(Status {
+                next_seq: queue.next_seq(),
+                unacked: queue.len(),
+                resumed: queue.len(),
+                ..Status::default()
+            }),
+            changed: Condvar::new(),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("mqtt-pubqueue".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let mut st = lock(&sh.status);
+                        st.last_error = Some(format!("starting the runtime: {e}"));
+                        st.stopped = true;
+                        sh.changed.notify_all();
+                        return;
+                    }
+                };
+                let mut d = Driver {
+                    cfg,
+                    queue,
+                    store,
+                    shared: sh.clone(),
+                    connected: false,
+                    pkids: Vec::new(),
+                    handed: std::collections::VecDeque::new(),
+                    connects: 0,
+                    last_error: None,
+                    last_notify: Instant::now(),
+                };
+                rt.block_on(d.run(rx));
+                let mut st = lock(&sh.status);
+                st.stopped = true;
+                st.connected = false;
+                sh.changed.notify_all();
+            })
+            .map_err(PublishError::Thread)?;
+        Ok(Publisher {
+            tx,
+            shared,
+            publisher_id: rec.publisher,
+            thread: Some(thread),
+        })
+    }
+
+    /// The publisher id the envelopes carry.
+    pub fn publisher_id(&self) -> &str {
+        &self.publisher_id
+    }
+
+    /// Queues one message; returns its sequence once it is durable.
+    pub fn enqueue(&self, topic: &str, body: &str) -> Result<u64, PublishError> {
+        Ok(*self.enqueue_many(topic, vec![body.to_owned()])?.start())
+    }
+
+    /// Queues several messages in one durable write; returns their
+    /// sequences (consecutive).
+    pub fn enqueue_many(
+        &self,
+        topic: &str,
+        bodies: Vec<String>,
+    ) -> Result<RangeInclusive<u64>, PublishError> {
+        check_topic(topic).map_err(PublishError::Invalid)?;
+        if bodies.is_empty() {
+            return Err(PublishError::Invalid("nothing to enqueue".into()));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Cmd::Enqueue {
+                topic: topic.to_owned(),
+                bodies,
+                reply,
+            })
+            .map_err(|_| PublishError::Stopped)?;
+        rx.blocking_recv().map_err(|_| PublishError::Stopped)?
+    }
+
+    /// A snapshot of the state.
+    pub fn status(&self) -> Status {
+        lock(&self.shared.status).clone()
+    }
+
+    /// Waits until `done(status)` holds, the driver stops, or `timeout`
+    /// passes; returns the last status.
+    pub fn wait_until(&self, timeout: Duration, done: impl Fn(&Status) -> bool) -> Status {
+        let end = Instant::now() + timeout;
+        let mut st = lock(&self.shared.status);
+        loop {
+            if done(&st) || st.stopped {
+                return st.clone();
+            }
+            let now = Instant::now();
+            if now >= end {
+                return st.clone();
+            }
+            st = match self.shared.changed.wait_timeout(st, end - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+
+    /// Waits until every queued message is acknowledged (true) or `timeout`.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let st = self.wait_until(timeout, |s| s.unacked == 0);
+        st.unacked == 0
+    }
+
+    /// Stops the driver: waits up to `drain` for outstanding messages to be
+    /// acknowledged, makes acknowledgements durable, disconnects.
+    pub fn close(mut self, drain: Duration) -> Status {
+        self.stop(drain);
+        self.status()
+    }
+
+    fn stop(&mut self, drain: Duration) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Close { drain, reply }).is_ok() {
+            let _ = rx.blocking_recv();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.stop(Duration::ZERO);
+        }
+    }
+}
+
+fn join_error(e: tokio::task::JoinError) -> crate::store::StoreError {
+    crate::store::StoreError::other("flushing acknowledgements", e.to_string())
+}
+
+async fn next_event(conn: &mut Option<Conn>) -> Result<LinkEvent, String> {
+    match conn {
+        Some(c) => c.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Driver {
+    cfg: PublisherConfig,
+    queue: PubQueue,
+    store: Box<dyn Store>,
+    shared: Arc<Shared>,
+    connected: bool,
+    /// In-flight packet id -> sequence, on the current connection.
+    pkids: Vec<(u16, u64)>,
+    /// Sequences handed to rumqttc whose `Sent` event has not come yet.
+    handed: std::collections::VecDeque<u64>,
+    connects: u64,
+    last_error: Option<String>,
+    last_notify: Instant,
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+impl Driver {
+    async fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        let opts = {
+            let mut o = ConnOptions::new(
+                self.cfg
+                    .client_id
+                    .clone()
+                    .unwrap_or_else(|| self.queue.publisher().to_owned()),
+            );
+            o.inflight = self.cfg.window as u16;
+            o
+        };
+        let mut conn: Option<Conn> = None;
+        let mut retry_at = tokio::time::Instant::now();
+        let mut backoff = BACKOFF_MIN;
+        let mut flush = tokio::time::interval(self.cfg.ack_flush.max(Duration::from_millis(1)));
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closing: Option<(tokio::time::Instant, oneshot::Sender<()>)> = None;
+        let mut flushing: Option<tokio::task::JoinHandle<Result<(), crate::store::StoreError>>> =
+            None;
+        loop {
+            if conn.is_none() && tokio::time::Instant::now() >= retry_at {
+                conn = Some(Conn::start(&self.cfg.broker, &opts));
+            }
+            if let (Some(c), true) = (&conn, self.connected) {
+                if let Err(e) = self.pump(c) {
+                    self.lost(&mut conn, e);
+                    retry_at = tokio::time::Instant::now() + backoff;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+            }
+            self.publish_status();
+            if let Some((deadline, _)) = &closing {
+                if self.queue.is_empty() || tokio::time::Instant::now() >= *deadline {
+                    break;
+                }
+            }
+            let close_at = closing.as_ref().map(|(d, _)| *d);
+            tokio::select! {
+                cmd = rx.recv(), if closing.is_none() => match cmd {
+                    Some(Cmd::Enqueue { topic, bodies, reply }) => {
+                        let r = self.enqueue(&topic, &bodies);
+                        // The status shows the message before the caller
+                        // hears it was accepted.
+                        self.publish_status();
+                        let fatal = r.is_err();
+                        let _ = reply.send(r);
+                        if fatal {
+                            // The store failed: stop rather than run with a
+                            // queue the store no longer matches.
+                            break;
+                        }
+                    }
+                    Some(Cmd::Close { drain, reply }) => {
+                        closing = Some((tokio::time::Instant::now() + drain, reply));
+                    }
+                    None => break,
+                },
+                ev = next_event(&mut conn), if conn.is_some() => {
+                    // Handle the whole burst that is ready before pumping.
+                    let mut ev = Some(ev);
+                    let mut burst = 0;
+                    while let Some(e) = ev.take() {
+                        match e.and_then(|e| self.on_event(e)) {
+                            Ok(()) => {
+                                if self.connected {
+                                    backoff = BACKOFF_MIN;
+                                }
+                            }
+                            Err(e) => {
+                                self.lost(&mut conn, e);
+                                retry_at = tokio::time::Instant::now() + backoff;
+                                backoff = (backoff * 2).min(BACKOFF_MAX);
+                                break;
+                            }
+                        }
+                        burst += 1;
+                        if burst < 256 {
+                            ev = conn.as_mut().and_then(Conn::try_next);
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(retry_at), if conn.is_none() => {}
+                _ = flush.tick() => {
+                    // Syncs run on the blocking pool, one at a time, so the
+                    // connection never waits for the disk.
+                    if let Some(h) = flushing.take_if(|h| h.is_finished()) {
+                        if let Err(e) = h.await.unwrap_or_else(|e| Err(join_error(e))) {
+                            tracing::error!("{e}");
+                            self.last_error = Some(e.to_string());
+                            break;
+                        }
+                    }
+                    if flushing.is_none() {
+                        if let Some(job) = self.store.take_flush_job() {
+                            flushing = Some(tokio::task::spawn_blocking(job));
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(close_at.unwrap_or_else(tokio::time::Instant::now)),
+                    if close_at.is_some() => {}
+            }
+        }
+        if let Some(h) = flushing.take() {
+            if let Err(e) = h.await.unwrap_or_else(|e| Err(join_error(e))) {
+                tracing::error!("{e}");
+            }
+        }
+        if let Err(e) = self.store.flush() {
+            tracing::error!("{e}");
+        }
+        if let Some(c) = &conn {
+            if self.connected {
+                c.disconnect();
+                // Give the DISCONNECT a moment to leave.
+                let _ = tokio::time::timeout(Duration::from_millis(200), async {
+                    if let Some(c) = conn.as_mut() {
+                        while c.next().await.is_ok() {}
+                    }
+                })
+                .await;
+            }
+        }
+        self.connected = false;
+        self.publish_status();
+        if let Some((_, reply)) = closing {
+            let _ = reply.send(());
+        }
+    }
+
+    fn enqueue(
+        &mut self,
+        topic: &str,
+        bodies: &[String],
+    ) -> Result<RangeInclusive<u64>, PublishError> {
+        let ts = now_ms();
+        let msgs: Vec<_> = bodies
+            .iter()
+            .map(|b| self.queue.enqueue(topic, b, ts))
+            .collect();
+        // Durable before anything is sent or the caller is answered.
+        self.store.append(&msgs, self.queue.next_seq())?;
+        let first = msgs.first().map_or(0, |m| m.seq);
+        let last = msgs.last().map_or(0, |m| m.seq);
+        Ok(first..=last)
+    }
+
+    /// Hands every message the window allows to rumqttc.
+    fn pump(&mut self, c: &Conn) -> Result<(), String> {
+        while let Some(m) = self.queue.poll_transmit() {
+            c.publish(&m.topic, self.cfg.qos, m.payload)?;
+            self.handed.push_back(m.seq);
+        }
+        Ok(())
+    }
+
+    fn on_event(&mut self, ev: LinkEvent) -> Result<(), String> {
+        match ev {
+            LinkEvent::Connected { .. } => {
+                self.connected = true;
+                self.connects += 1;
+                tracing::debug!(
+                    "publish queue connected to {} (resending from seq {:?})",
+                    self.cfg.broker,
+                    self.queue.base()
+                );
+            }
+            LinkEvent::Sent(pkid) => {
+                let seq = self.handed.pop_front().ok_or_else(|| {
+                    format!("PUBLISH {pkid} sent that the queue did not hand over")
+                })?;
+                if self.pkids.iter().any(|&(p, _)| p == pkid) {
+                    return Err(format!("packet id {pkid} reused while in flight"));
+                }
+                self.pkids.push((pkid, seq));
+            }
+            LinkEvent::Acked(pkid, result) => {
+                let i = self
+                    .pkids
+                    .iter()
+                    .position(|&(p, _)| p == pkid)
+                    .ok_or_else(|| format!("ack for unknown packet id {pkid}"))?;
+                let (_, seq) = self.pkids.swap_remove(i);
+                if let Err(reason) = result {
+                    // The broker refused it: send it again on a new connection.
+                    return Err(format!("broker refused seq {seq}: {reason}"));
+                }
+                if self.queue.on_ack(seq) {
+                    self.store.ack(&[seq]).map_err(|e| e.to_string())?;
+                }
+            }
+            LinkEvent::Message { .. } | LinkEvent::SubAck(_) | LinkEvent::Other => {}
+        }
+        Ok(())
+    }
+
+    fn lost(&mut self, conn: &mut Option<Conn>, e: String) {
+        if self.connected {
+            tracing::warn!("publish queue: connection to {} lost: {e}", self.cfg.broker);
+        } else {
+            tracing::debug!("publish queue: connecting to {}: {e}", self.cfg.broker);
+        }
+        *conn = None;
+        self.connected = false;
+        self.pkids.clear();
+        self.handed.clear();
+        self.queue.on_disconnect();
+        self.last_error = Some(e);
+    }
+
+    /// Updates the shared status; wakes waiters when something they may wait
+    /// for happened (queue empty, connection change, enqueue, stop) or every
+    /// 20 ms while it progresses, not on every packet.
+    fn publish_status(&mut self) {
+        let mut st = lock(&self.shared.status);
+        let wake = (self.queue.is_empty() && st.unacked != 0)
+            || st.next_seq != self.queue.next_seq()
+            || st.connected != self.connected
+            || self.last_notify.elapsed() >= Duration::from_millis(20);
+        st.next_seq = self.queue.next_seq();
+        st.unacked = self.queue.len();
+        st.connected = self.connected;
+        st.connects = self.connects;
+        st.last_error.clone_from(&self.last_error);
+        st.queue = self.queue.stats();
+        drop(st);
+        if wake {
+            self.last_notify = Instant::now();
+            self.shared.changed.notify_all();
+        }
+    }
+}
