@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s\n' "$*"; }
 
 # Debian packages the tests need. apt-get update first: a new machine's lists are empty.
-PKGS=(libcoap3-bin mosquitto)
+PKGS=(libcoap3-bin mosquitto valgrind)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,6 +21,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The HTTP proxy's interop tests: curl (HTTP/1.1, HTTP/2) from Debian, and
+# aioquic (PyPI, a third-party HTTP/3 client) in a venv under target/.
+if ! command -v curl >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  step "installing curl python3-venv"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq curl python3-venv >/dev/null
+fi
+if ! target/py-venv/bin/python -c 'import aioquic' 2>/dev/null; then
+  step "installing aioquic into target/py-venv"
+  mkdir -p target
+  python3 -m venv target/py-venv
+  target/py-venv/bin/pip install -q 'aioquic>=1.2,<2'
 fi
 
 step "cargo fmt --check"

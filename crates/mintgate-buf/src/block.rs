@@ -159,6 +159,13 @@ impl BlockMut {
         &self.pool
     }
 
+    /// Counts this block's allocation (its whole capacity) against `layer`.
+    /// Only for blocks from [`Pool::alloc_uncounted`], once, when they turn
+    /// out to carry data; [`Pool::alloc`] has counted its blocks already.
+    pub fn count_alloc(&self, layer: Layer) {
+        self.pool.inner.account.record_alloc(layer, self.capacity());
+    }
+
     /// Makes the block shared and read-only.
     pub fn freeze(self) -> Block {
         let me = std::mem::ManuallyDrop::new(self);
@@ -329,6 +336,22 @@ mod tests {
         let acc = p.accounting().snapshot(Layer::Handler);
         assert_eq!(acc.alloc_bytes, 64);
         assert_eq!(acc.copy_bytes, 2);
+    }
+
+    #[test]
+    fn uncounted_blocks_count_only_when_told() {
+        let p = pool();
+        let spare = p.alloc_uncounted(10, 0).unwrap();
+        let used = p.alloc_uncounted(100, 0).unwrap();
+        assert_eq!(p.outstanding(), 2, "uncounted blocks are still outstanding");
+        assert_eq!(p.accounting().total().allocs, 0);
+        used.count_alloc(Layer::Receive);
+        drop(spare);
+        let r = p.accounting().snapshot(Layer::Receive);
+        assert_eq!((r.allocs, r.alloc_bytes), (1, 256));
+        drop(used);
+        assert_eq!(p.outstanding(), 0);
+        assert!(p.alloc_uncounted(1000, 0).is_err());
     }
 
     #[test]

@@ -214,6 +214,23 @@ impl Pool {
         min_size: usize,
         headroom: usize,
     ) -> Result<BlockMut, Exhausted> {
+        let b = self.take(min_size, headroom)?;
+        self.inner.account.record_alloc(layer, b.capacity());
+        Ok(b)
+    }
+
+    /// Like [`Pool::alloc`], but the allocation is not counted yet: for
+    /// buffers handed to the kernel before anyone knows whether a datagram
+    /// will land in them (a batched receive posts more blocks than usually
+    /// arrive). The caller counts each block that ends up carrying data with
+    /// [`BlockMut::count_alloc`]; blocks returned unused were never part of a
+    /// message and stay uncounted. The pool's free counts and
+    /// [`Pool::outstanding`] see these blocks like any other.
+    pub fn alloc_uncounted(&self, min_size: usize, headroom: usize) -> Result<BlockMut, Exhausted> {
+        self.take(min_size, headroom)
+    }
+
+    fn take(&self, min_size: usize, headroom: usize) -> Result<BlockMut, Exhausted> {
         let need = min_size.max(headroom);
         for (p, part) in self.inner.parts.iter().enumerate() {
             if part.block_size < need {
@@ -221,7 +238,6 @@ impl Pool {
             }
             if let Some(idx) = part.pop() {
                 part.refs[idx as usize].store(1, Ordering::Relaxed);
-                self.inner.account.record_alloc(layer, part.block_size);
                 return Ok(BlockMut::new(self.clone(), p as u8, idx, headroom));
             }
             part.exhausted.fetch_add(1, Ordering::Relaxed);

@@ -311,23 +311,23 @@ fn unreachable(dest: SocketAddr) -> ExitCode {
 
 /// A parsed `coap://` URI (RFC 7252 6.4).
 #[derive(Debug, PartialEq, Eq)]
-struct CoapUri {
+pub(crate) struct CoapUri {
     /// The host: an IP literal or a name (lower-cased).
     host: Host,
     port: u16,
     /// Uri-Host (for a name), Uri-Path and Uri-Query options, in that order.
-    options: Vec<(OptionNumber, Vec<u8>)>,
+    pub(crate) options: Vec<(OptionNumber, Vec<u8>)>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
-enum Host {
+pub(crate) enum Host {
     Ip(IpAddr),
     Name(String),
 }
 
 /// Splits a `coap://host[:port]/path?query` URI into destination and
 /// options, following the steps of RFC 7252 section 6.4.
-fn parse_uri(s: &str) -> anyhow::Result<CoapUri> {
+pub(crate) fn parse_uri(s: &str) -> anyhow::Result<CoapUri> {
     let Some((scheme, rest)) = s.split_once("://") else {
         bail!("expected coap://host[:port]/path");
     };
@@ -454,7 +454,7 @@ fn hex_digit(c: Option<&u8>) -> Option<u8> {
 }
 
 /// The socket address of the URI's host (the first one a name resolves to).
-fn resolve(uri: &CoapUri) -> anyhow::Result<SocketAddr> {
+pub(crate) fn resolve(uri: &CoapUri) -> anyhow::Result<SocketAddr> {
     match &uri.host {
         Host::Ip(ip) => Ok(SocketAddr::new(*ip, uri.port)),
         Host::Name(name) => (name.as_str(), uri.port)

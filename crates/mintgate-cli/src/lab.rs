@@ -87,6 +87,39 @@ enum Lab {
         #[arg(long, default_value_t = 16)]
         window: usize,
     },
+    /// Paper 003 Tables 3-5: bytes allocated, bytes copied and ns per
+    /// message for n = 128..1024 on the echo, coap and coap-static paths,
+    /// mintgate's pooled buffers vs a copy-per-layer baseline (http: pending
+    /// the proxy).
+    Buffers {
+        #[command(flatten)]
+        out: OutArgs,
+    },
+    /// Paper 001 Fig. 4: one read -> compare -> write cycle, 10,000 cycles
+    /// each, through the user API (open/read/write/close), the optimized
+    /// user path (pread/pwrite), the direct path inside its worker, and the
+    /// direct path end to end while a load saturates the gateway. Writes
+    /// `directpath.csv`, `directpath_waits.csv` and `directpath.svg`.
+    Directpath {
+        #[command(flatten)]
+        out: OutArgs,
+    },
+    /// Resident memory of `mintgate serve` (default configuration) idle and
+    /// under saturating load, and its pool's outstanding blocks after the
+    /// load stops; libcoap's server measured alike when installed.
+    Footprint {
+        #[command(flatten)]
+        out: OutArgs,
+    },
+    /// Paper 002 Tables 4-6: HTTP/1.1 (TCP) and HTTP/3 (QUIC) proxies in
+    /// front of a CoAP server at 5, 10 and 15 % loss; persistent and
+    /// new-connection modes (TCP handshake vs QUIC 0-RTT); CoAP, total and
+    /// Internet RTT per interval. The Internet leg is a TUN link between two
+    /// network namespaces (needs root) impairing TCP and UDP alike. Also the
+    /// proxy's overhead and throughput on loopback. Writes `proxy.csv` and
+    /// `proxy.svg` (and `proxy_shared.csv`: 4 requests sharing one
+    /// connection, h1/h2/h3). About 40 minutes; --quick about 5.
+    Proxy(ProxyLabArgs),
     /// Paper 002 Tables 1-3: CoAP Basic, CoCoA and Adaptive RTO at 5, 10
     /// and 15 % loss, 1,000 CON GETs per case as 10 intervals of 100, in
     /// the virtual-time simulator of the paper's 4-node chain (default) or
@@ -166,6 +199,35 @@ impl CompareArgs {
     }
 }
 
+/// Options of `mintgate lab proxy`.
+#[derive(clap::Args)]
+struct ProxyLabArgs {
+    /// Short settings: 100 requests per case instead of 1000, shorter benchmark.
+    #[arg(long)]
+    quick: bool,
+    /// Output folder for proxy.csv and proxy.svg.
+    #[arg(long, default_value = "lab-out/")]
+    out: PathBuf,
+    /// Requests per case [1000; quick 100].
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Seed of the impairments.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Internet leg: one-way delay, each way.
+    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    internet_delay: Duration,
+    /// Internet leg: uniform jitter around the delay.
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    internet_jitter: Duration,
+    /// Internet leg: loss per packet, percent, each way.
+    #[arg(long, default_value_t = 1.0)]
+    internet_loss: f64,
+    /// Skip the loopback overhead and throughput measurement.
+    #[arg(long)]
+    no_bench: bool,
+}
+
 #[derive(clap::Args)]
 struct Common {
     /// Short settings (a few tens of seconds).
@@ -182,6 +244,27 @@ struct Common {
     /// sensor read) or spin:DURATION (CPU).
     #[arg(long, default_value = "block:200us")]
     handler_cost: HandlerCost,
+}
+
+/// Options of the labs that take only an output folder and --quick.
+#[derive(clap::Args)]
+struct OutArgs {
+    /// Short settings.
+    #[arg(long)]
+    quick: bool,
+    /// Output folder for the CSV and SVG files.
+    #[arg(long, default_value = "lab-out/")]
+    out: PathBuf,
+}
+
+impl OutArgs {
+    fn options(&self) -> LabOptions {
+        LabOptions {
+            out: self.out.clone(),
+            quick: self.quick,
+            ..LabOptions::default()
+        }
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -214,23 +297,6 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         })?,
         Lab::Clients { compare } => mintgate_lab::lab_clients(&compare.options(None))?,
         Lab::Blocksize { compare, sizes } => mintgate_lab::lab_blocksize(&compare.options(sizes))?,
-        Lab::Mqtt {
-            quick,
-            out,
-            broker,
-            runs,
-            window,
-        } => mintgate_lab::lab_mqtt(&mintgate_lab::MqttLabOptions {
-            common: LabOptions {
-                out,
-                quick,
-                ..LabOptions::default()
-            },
-            broker,
-            runs,
-            messages: None,
-            window,
-        })?,
         Lab::Congestion {
             quick,
             out,
@@ -253,6 +319,45 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             peak_rps: Some(peak_rps),
             ..common.options()
         })?,
+        Lab::Mqtt {
+            quick,
+            out,
+            broker,
+            runs,
+            window,
+        } => mintgate_lab::lab_mqtt(&mintgate_lab::MqttLabOptions {
+            common: LabOptions {
+                out,
+                quick,
+                ..LabOptions::default()
+            },
+            broker,
+            runs,
+            messages: None,
+            window,
+        })?,
+        Lab::Proxy(p) => mintgate_lab::lab_proxy(&mintgate_lab::ProxyLabOptions {
+            common: LabOptions {
+                out: p.out,
+                quick: p.quick,
+                ..LabOptions::default()
+            },
+            requests: p.requests,
+            seed: p.seed,
+            internet: mintgate_lab::proxy::netns::LinkImpairment {
+                delay: p.internet_delay,
+                jitter: p.internet_jitter,
+                loss: (p.internet_loss / 100.0).clamp(0.0, 1.0),
+            },
+            bench: !p.no_bench,
+        })?,
+        Lab::Buffers { out } => mintgate_lab::lab_buffers(&out.options())?,
+        Lab::Directpath { out } => mintgate_lab::lab_directpath(&out.options())?,
+        Lab::Footprint { out } => {
+            let exe = std::env::current_exe()
+                .map_err(|e| anyhow::anyhow!("cannot find the mintgate executable: {e}"))?;
+            mintgate_lab::lab_footprint(&out.options(), &exe)?
+        }
     };
     print_summary(&summary);
     Ok(ExitCode::SUCCESS)

@@ -6,9 +6,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod bench;
 mod client;
+mod http;
 mod lab;
 mod mqtt;
 mod netem;
+mod observe;
+mod proxy;
 mod serve;
 
 /// mintgate: an IoT middleware and edge gateway (CoAP, HTTP/QUIC proxies, MQTT).
@@ -49,6 +52,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Relay UDP with loss, delay and jitter in each direction (this machine has no netem).
     Netem(netem::NetemArgs),
+    /// Observe a resource (RFC 7641): print each notification until a count or duration.
+    Observe(observe::ObserveArgs),
     /// Reproduce the papers' experiments and put our figures beside theirs.
     Lab(lab::LabArgs),
     /// Publish messages 1..N in order through the persistent MQTT publish queue.
@@ -57,6 +62,10 @@ enum Cmd {
     Subscribe(mqtt::SubscribeArgs),
     /// Run the embedded MQTT broker (rumqttd).
     Broker(mqtt::BrokerArgs),
+    /// Run the HTTP/1.1, HTTP/2 and HTTP/3 proxy to CoAP on its own (RFC 8075).
+    Proxy(proxy::ProxyArgs),
+    /// Send HTTP requests (HTTP/1.1, HTTP/2 or HTTP/3) and print status, headers, body and timing.
+    Http(http::HttpArgs),
 }
 
 fn init_logging(filter: &str, format: LogFormat) {
@@ -91,9 +100,12 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Lab(a) => lab::run(a),
         Cmd::Netem(a) => netem::run(a),
+        Cmd::Observe(a) => observe::run(a),
         Cmd::Publish(a) => mqtt::run_publish(a),
         Cmd::Subscribe(a) => mqtt::run_subscribe(a),
         Cmd::Broker(a) => mqtt::run_broker(a),
+        Cmd::Proxy(a) => proxy::run(a),
+        Cmd::Http(a) => http::run(a),
     };
     match res {
         Ok(code) => code,

@@ -40,6 +40,15 @@ pub struct ServeArgs {
     /// (replaces metrics.bind), e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Serve the HTTP/1.1 and HTTP/2 proxy to CoAP on this TCP address
+    /// (replaces proxy.http), e.g. 127.0.0.1:8080: /hc/coap://HOST/PATH.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// Serve the HTTP/3 (QUIC) proxy to CoAP on this UDP address (replaces
+    /// proxy.h3), e.g. 127.0.0.1:8443; a self-signed certificate is made on
+    /// first use unless proxy.tls_cert/tls_key are set.
+    #[arg(long, value_name = "ADDR")]
+    h3: Option<SocketAddr>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -101,6 +110,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(m) = a.metrics {
         cfg.metrics.bind = Some(m);
     }
+    if let Some(h) = a.http {
+        cfg.proxy.http = Some(h);
+    }
+    if let Some(h) = a.h3 {
+        cfg.proxy.h3 = Some(h);
+    }
     cfg.validate()?;
     if a.print_config {
         print!("{}", cfg.to_toml());
@@ -109,6 +124,31 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let set = block_signals();
     let gw =
         Gateway::start(cfg.clone(), resources::router_for(&cfg)).context("starting the gateway")?;
+    let devices = mintgate_gateway::devices::DeviceHost::start(&cfg, &gw)
+        .context("starting the devices and the direct path")?;
+    {
+        let m = devices.manager();
+        let names: Vec<String> = m
+            .list()
+            .iter()
+            .map(|d| mintgate_gateway::devices::resource_path(d))
+            .collect();
+        let dp = m.directpath();
+        tracing::info!(
+            resources = %names.join(", "),
+            links = m.links().len(),
+            worker_priority = ?dp.applied_priority(),
+            worker_wait = %dp.wait_mode(),
+            "devices served (observe with: mintgate observe coap://HOST/{})",
+            names
+                .iter()
+                .find(|n| n.starts_with("sensors/"))
+                .map(String::as_str)
+                .unwrap_or("sensors/NAME")
+        );
+    }
+    // The proxy's default upstream is this gateway's own CoAP endpoint.
+    let proxy = crate::proxy::start(&cfg.proxy, &crate::proxy::own_endpoints(&gw.local_addrs()))?;
     let metrics = match cfg.metrics.bind {
         Some(addr) => {
             let m = mintgate_gateway::metrics::MetricsServer::start(addr, gw.handle())
@@ -164,6 +204,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     tracing::info!(signal = sig, "stopping");
     let c = gw.counters().clone();
     drop(metrics);
+    drop(proxy);
+    drop(devices);
     gw.shutdown();
     tracing::info!(
         datagrams = c.nr_datagrams.load(Relaxed),

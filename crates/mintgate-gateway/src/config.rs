@@ -53,6 +53,122 @@ pub struct Config {
     pub resources: ResourcesConfig,
     /// `[metrics]`: the metrics endpoint.
     pub metrics: MetricsConfig,
+    /// `[devices]`: sensors and actuators (`[[devices.list]]`); by default
+    /// a simulated temperature sensor `temp0` and a simulated actuator `led0`.
+    pub devices: mintgate_devices::DevicesConfig,
+    /// `[directpath]`: the direct path's ring, worker and links.
+    pub directpath: mintgate_devices::directpath::DirectPathConfig,
+    /// `[proxy]`: the HTTP/1.1, HTTP/2 and HTTP/3 proxy to CoAP (off unless
+    /// `http` or `h3` is set); read by the CLI into `mintgate_proxy`.
+    pub proxy: ProxySection,
+}
+
+/// `[proxy]`: the HTTP -> CoAP proxy (RFC 8075). Plain data: the CLI checks
+/// it and turns it into `mintgate_proxy::ProxyConfig` (whose defaults these
+/// mirror; a CLI test keeps the two in step).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxySection {
+    /// TCP address for HTTP/1.1 and HTTP/2 (cleartext); off when absent.
+    pub http: Option<SocketAddr>,
+    /// UDP address for HTTP/3 over QUIC; off when absent.
+    pub h3: Option<SocketAddr>,
+    /// Runtime worker threads of the proxy.
+    pub threads: usize,
+    /// Upstream CoAP servers allowed, `host:port`; empty = the gateway's
+    /// own CoAP endpoint only. Anything else gets 403.
+    pub allow: Vec<String>,
+    /// Reverse mappings: `{ prefix = "/sensors", target = "coap://127.0.0.1:5683/sensors" }`.
+    pub reverse: Vec<ProxyReverse>,
+    /// Bearer tokens accepted (`Authorization: Bearer ...`); empty = none needed.
+    pub bearer_tokens: Vec<String>,
+    /// Requests per second per client IP address (0 = unlimited).
+    pub rate_per_client: f64,
+    /// Burst above that rate.
+    pub rate_burst: u32,
+    /// Largest request body, bytes (413 above).
+    pub max_body: usize,
+    /// Longest request target, bytes (414 above).
+    pub max_uri: usize,
+    /// Time a proxied request may take in all, ms (504 after).
+    pub request_timeout_ms: u64,
+    /// Upstream requests in flight or queued over all upstreams (503 above).
+    pub max_inflight: usize,
+    /// Upstream requests in flight or queued per upstream (503 above).
+    pub max_queue_per_upstream: usize,
+    /// Exchanges in flight per upstream (NSTART).
+    pub nstart: usize,
+    /// Congestion control of the upstream CoAP client: basic, cocoa or adaptive.
+    pub congestion: String,
+    /// Responses cached at most (0 = no cache).
+    pub cache_entries: usize,
+    /// Largest payload cached, bytes.
+    pub cache_max_payload: usize,
+    /// Add `Server-Timing: coap;dur=MS` to proxied responses.
+    pub server_timing: bool,
+    /// Connections served at once, per listener.
+    pub max_connections: usize,
+    /// HTTP/1.1 request-head timeout, ms.
+    pub header_timeout_ms: u64,
+    /// Idle connection timeout, ms (HTTP/2 pings, QUIC idle timeout).
+    pub idle_timeout_ms: u64,
+    /// HTTP/3 certificate chain (PEM); with `tls_key`. Absent: self-signed.
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// HTTP/3 private key (PEM).
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Where a generated self-signed certificate is kept.
+    pub tls_dir: std::path::PathBuf,
+    /// CA certificates (PEM) that HTTP/3 client certificates must chain to
+    /// (mutual TLS); absent = no client certificates.
+    pub client_ca: Option<std::path::PathBuf>,
+    /// TLS session tickets remembered (each accepted once).
+    pub session_cache: usize,
+    /// Accept 0-RTT early data (safe methods only; others 425).
+    pub early_data: bool,
+}
+
+/// One `[[proxy.reverse]]` mapping.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyReverse {
+    /// Path prefix, e.g. `/sensors`.
+    pub prefix: String,
+    /// CoAP base URI, e.g. `coap://127.0.0.1:5683/sensors`.
+    pub target: String,
+}
+
+impl Default for ProxySection {
+    fn default() -> Self {
+        ProxySection {
+            http: None,
+            h3: None,
+            threads: 1,
+            allow: Vec::new(),
+            reverse: Vec::new(),
+            bearer_tokens: Vec::new(),
+            rate_per_client: 0.0,
+            rate_burst: 100,
+            max_body: 64 * 1024,
+            max_uri: 2048,
+            request_timeout_ms: 60_000,
+            max_inflight: 1024,
+            max_queue_per_upstream: 256,
+            nstart: 1,
+            congestion: "basic".into(),
+            cache_entries: 1024,
+            cache_max_payload: 16 * 1024,
+            server_timing: true,
+            max_connections: 1024,
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            tls_cert: None,
+            tls_key: None,
+            tls_dir: "mintgate-tls".into(),
+            client_ca: None,
+            session_cache: 4096,
+            early_data: true,
+        }
+    }
 }
 
 /// `[metrics]`
@@ -277,6 +393,16 @@ pub struct CoapConfig {
     pub socket_recv_buffer: usize,
     /// Socket send buffer in bytes (capped by net.core.wmem_max).
     pub socket_send_buffer: usize,
+    /// Most Observe registrations in all (RFC 7641); beyond, a GET with
+    /// Observe is answered as a plain GET.
+    pub observe_max: usize,
+    /// A confirmable notification after this many non-confirmable ones
+    /// (1: every notification is CON). An unacknowledged CON notification
+    /// ends the observation.
+    pub observe_con_every: u32,
+    /// A confirmable notification at least every this many seconds per
+    /// observer.
+    pub observe_con_interval_s: u64,
 }
 
 impl Default for CoapConfig {
@@ -292,6 +418,9 @@ impl Default for CoapConfig {
             max_payload: 1024,
             socket_recv_buffer: 4 << 20,
             socket_send_buffer: 4 << 20,
+            observe_max: 1024,
+            observe_con_every: 10,
+            observe_con_interval_s: 60,
         }
     }
 }
@@ -480,6 +609,15 @@ impl Config {
             return v("vta", "n, max_threads and w_s must be positive".into());
         }
         Ok(())
+    }
+
+    /// The Observe registry's settings.
+    pub fn observe_config(&self) -> mintgate_coap::server::observe::ObserveConfig {
+        mintgate_coap::server::observe::ObserveConfig {
+            max_observers: self.coap.observe_max,
+            con_every: self.coap.observe_con_every.max(1),
+            con_interval: std::time::Duration::from_secs(self.coap.observe_con_interval_s.max(1)),
+        }
     }
 
     /// The VTA controller's configuration.

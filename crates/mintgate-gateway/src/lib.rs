@@ -2,7 +2,9 @@
 //! the built-in resources.
 
 pub mod config;
+pub mod devices;
 pub mod metrics;
+pub mod observe;
 pub mod pipeline;
 pub mod queue;
 pub mod resources;

@@ -345,6 +345,30 @@ pub fn render_prometheus(gw: &GatewayHandle) -> String {
         );
     }
     f.head(
+        "mintgate_pool_outstanding_blocks",
+        "gauge",
+        "Blocks allocated and not yet returned, per buffer partition.",
+    );
+    for (p, s) in parts.iter().zip(&sizes) {
+        f.value(
+            "mintgate_pool_outstanding_blocks",
+            &[("block_size", s)],
+            (p.blocks - p.free) as f64,
+        );
+    }
+    f.head(
+        "mintgate_pool_min_free_blocks",
+        "gauge",
+        "The fewest blocks ever free at once, per buffer partition.",
+    );
+    for (p, s) in parts.iter().zip(&sizes) {
+        f.value(
+            "mintgate_pool_min_free_blocks",
+            &[("block_size", s)],
+            p.min_free as f64,
+        );
+    }
+    f.head(
         "mintgate_pool_exhausted_total",
         "counter",
         "Allocations a partition could not serve.",
@@ -381,7 +405,62 @@ pub fn render_prometheus(gw: &GatewayHandle) -> String {
             acc.snapshot(l).copy_bytes as f64,
         );
     }
+    f.head(
+        "mintgate_buf_allocs_total",
+        "counter",
+        "Buffer blocks allocated, by layer.",
+    );
+    for l in Layer::ALL {
+        f.value(
+            "mintgate_buf_allocs_total",
+            &[("layer", l.name())],
+            acc.snapshot(l).allocs as f64,
+        );
+    }
+    f.head(
+        "mintgate_buf_copies_total",
+        "counter",
+        "Copy operations, by layer.",
+    );
+    for l in Layer::ALL {
+        f.value(
+            "mintgate_buf_copies_total",
+            &[("layer", l.name())],
+            acc.snapshot(l).copies as f64,
+        );
+    }
+    if let Some(m) = own_memory() {
+        f.one(
+            "mintgate_resident_bytes",
+            "gauge",
+            "Resident memory of the process (VmRSS).",
+            m.0 as f64,
+        );
+        f.one(
+            "mintgate_resident_peak_bytes",
+            "gauge",
+            "The most resident memory the process ever had (VmHWM).",
+            m.1 as f64,
+        );
+    }
+    // Observe, devices and the direct path (pipeline::Gateway::add_metrics_source)
+    gw.extra_metrics(&mut out);
     out
+}
+
+/// (VmRSS, VmHWM) of this process in bytes, from `/proc/self/status`;
+/// `None` where there is no such file.
+pub fn own_memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = |key: &str| -> Option<u64> {
+        let l = text.lines().find(|l| l.starts_with(key))?;
+        l[key.len()..]
+            .split_whitespace()
+            .next()?
+            .parse::<u64>()
+            .ok()
+    };
+    Some((kib("VmRSS:")? * 1024, kib("VmHWM:")? * 1024))
 }
 
 fn sample_json(s: &Sample) -> Value {
@@ -409,4 +488,108 @@ pub fn observer_json(gw: &GatewayHandle) -> Value {
         "samples": gw.samples().iter().map(sample_json).collect::<Vec<_>>(),
         "vta": decision,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::{resources, Config, Gateway};
+
+    /// The sum of one family's samples whose labels contain `label`.
+    fn sample(text: &str, family: &str, label: &str) -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    #[test]
+    fn buffer_accounting_and_pool_state_are_exposed_and_consistent() {
+        let mut cfg = Config::default();
+        cfg.coap.bind = vec!["127.0.0.1:0".parse().unwrap()];
+        let gw = Gateway::start(cfg.clone(), resources::router_for(&cfg)).unwrap();
+        let addr = gw.local_addrs()[0];
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let k = 20u16;
+        for mid in 0..k {
+            // NON GET /request
+            let mut req = vec![0x50, 0x01];
+            req.extend_from_slice(&mid.to_be_bytes());
+            req.push(0xB7);
+            req.extend_from_slice(b"request");
+            client.send_to(&req, addr).unwrap();
+            let mut buf = [0u8; 256];
+            let n = client.recv(&mut buf).expect("an answer");
+            assert!(buf[..n].ends_with(b"hello world"));
+        }
+        // every block is back once the receiver has been idle a moment
+        let h = gw.handle();
+        let end = Instant::now() + Duration::from_secs(5);
+        let text = loop {
+            let text = render_prometheus(&h);
+            if sample(&text, "mintgate_pool_outstanding_blocks", "block_size") == 0.0
+                || Instant::now() > end
+            {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(
+            sample(&text, "mintgate_pool_outstanding_blocks", "block_size"),
+            0.0,
+            "{text}"
+        );
+        let parts = gw.pool().stats();
+        for p in &parts {
+            let label = format!("block_size=\"{}\"", p.block_size);
+            assert_eq!(
+                sample(&text, "mintgate_pool_outstanding_blocks", &label),
+                (p.blocks - p.free) as f64
+            );
+            assert!(sample(&text, "mintgate_pool_min_free_blocks", &label) <= p.blocks as f64);
+        }
+        // one receive block per datagram, counted when the datagram landed
+        let datagrams = gw.counters().nr_datagrams.load(Relaxed) as f64;
+        assert_eq!(datagrams, k as f64);
+        let recv_block = parts
+            .iter()
+            .find(|p| p.block_size >= cfg.coap.max_datagram)
+            .unwrap()
+            .block_size as f64;
+        assert_eq!(
+            sample(&text, "mintgate_bytes_allocated_total", "layer=\"receive\""),
+            datagrams * recv_block,
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "mintgate_buf_allocs_total", "layer=\"receive\""),
+            datagrams
+        );
+        // each response takes at least one block on the CoAP layer; the
+        // static payload is not copied by the handler
+        assert!(sample(&text, "mintgate_buf_allocs_total", "layer=\"coap\"") >= k as f64);
+        assert_eq!(
+            sample(&text, "mintgate_bytes_copied_total", "layer=\"handler\""),
+            0.0
+        );
+        if std::path::Path::new("/proc/self/status").exists() {
+            assert!(sample_plain(&text, "mintgate_resident_bytes") > 0.0);
+            assert!(
+                sample_plain(&text, "mintgate_resident_peak_bytes")
+                    >= sample_plain(&text, "mintgate_resident_bytes")
+            );
+        }
+    }
+
+    fn sample_plain(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
+            .unwrap_or(0.0)
+    }
 }

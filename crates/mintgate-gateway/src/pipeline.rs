@@ -33,6 +33,7 @@ use mintgate_sched::{
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::{Config, PoolMode};
+use crate::observe::{Notifier, ObserveState};
 use crate::queue::{HtpQueue, Job};
 use crate::udp::{self, RecvBatch, SendBatch};
 
@@ -96,7 +97,15 @@ struct Shared {
     inflight: Vec<Mutex<Option<InFlight>>>,
     separate: Mutex<HashMap<(SocketAddr, u16), Pending>>,
     separate_after: Duration,
+    /// Observe (RFC 7641): observers and changed resources.
+    observe: Arc<ObserveState>,
+    /// Extra Prometheus text from other parts of the gateway (devices,
+    /// direct path), appended to `/metrics`.
+    metrics_sources: RwLock<Vec<MetricsSource>>,
 }
+
+/// Writes metric families in the Prometheus text format.
+pub type MetricsSource = Arc<dyn Fn(&mut String) + Send + Sync>;
 
 impl Shared {
     fn dedup_shard(&self, peer: &SocketAddr, mid: u16) -> &Mutex<Dedup<Outgoing>> {
@@ -163,6 +172,8 @@ impl Gateway {
             inflight: (0..MAX_HTP_THREADS).map(|_| Mutex::new(None)).collect(),
             separate: Mutex::new(HashMap::new()),
             separate_after: Duration::from_millis(cfg.coap.separate_response_after_ms),
+            observe: Arc::new(ObserveState::new(cfg.observe_config())),
+            metrics_sources: RwLock::new(Vec::new()),
             cfg,
         });
         // The pool is created after the observer (whose baseline must come
@@ -229,6 +240,13 @@ impl Gateway {
                     .spawn(move || receive_loop(&sh, i))?,
             );
         }
+        // the Observe notifier; joined with the receivers on stop
+        let sh = shared.clone();
+        receivers.push(
+            std::thread::Builder::new()
+                .name("coap-notify".into())
+                .spawn(move || notify_loop(&sh))?,
+        );
         let sh = shared.clone();
         let timer = Some(
             std::thread::Builder::new()
@@ -324,13 +342,29 @@ impl Gateway {
         Ok(())
     }
 
-    /// Removes a resource while running.
+    /// Removes a resource while running. Its observers get a final 4.04
+    /// notification and are dropped.
     pub fn remove_resource(&self, path: &str) -> Option<Resource> {
         let mut g = self.shared.router.write();
         let mut next = (**g).clone();
         let r = next.remove(path)?;
         *g = Arc::new(next);
+        drop(g);
+        self.shared.observe.mark(path);
         Some(r)
+    }
+
+    /// Adds Prometheus text to what the metrics endpoint serves.
+    pub fn add_metrics_source(&self, f: MetricsSource) {
+        self.shared.metrics_sources.write().push(f);
+    }
+
+    /// The handle that tells the gateway a resource changed, so that its
+    /// observers get a notification.
+    pub fn notifier(&self) -> Notifier {
+        Notifier {
+            state: self.shared.observe.clone(),
+        }
     }
 
     /// Stops every thread and waits for them.
@@ -402,6 +436,22 @@ impl GatewayHandle {
     pub fn config(&self) -> &Config {
         &self.shared.cfg
     }
+
+    /// The Observe notifier (and its counters).
+    pub fn notifier(&self) -> Notifier {
+        Notifier {
+            state: self.shared.observe.clone(),
+        }
+    }
+
+    /// Appends the Observe counters and every added metrics source, in the
+    /// Prometheus text format.
+    pub fn extra_metrics(&self, out: &mut String) {
+        crate::observe::render_metrics(&self.shared.observe, out);
+        for f in self.shared.metrics_sources.read().iter() {
+            f(out);
+        }
+    }
 }
 
 impl Drop for Gateway {
@@ -462,8 +512,15 @@ impl Receiver {
         let sock = &sh.listeners[self.li];
         let c = &sh.counters;
         let max_dgram = sh.cfg.coap.max_datagram;
+        // The receiver holds no block while nothing arrives: with none in
+        // hand it waits for a datagram (up to 100 ms) before taking any, so
+        // an idle gateway has no block outstanding.
+        if blocking && self.blocks.is_empty() && !wait_readable(sock, Duration::from_millis(100)) {
+            return 0;
+        }
+        // Blocks are counted (Layer::Receive) when a datagram lands in them.
         while self.blocks.len() < self.batch {
-            match sh.pool.alloc(Layer::Receive, max_dgram, 0) {
+            match sh.pool.alloc_uncounted(max_dgram, 0) {
                 Ok(bl) => self.blocks.push(bl),
                 Err(_) => break,
             }
@@ -511,7 +568,7 @@ impl Receiver {
         if n > 0 {
             self.process(sh, n);
         }
-        if !blocking {
+        if !blocking || n == 0 {
             self.blocks.clear();
         }
         n
@@ -523,6 +580,7 @@ impl Receiver {
         let now = Instant::now();
         c.nr_datagrams.fetch_add(n as u64, Relaxed);
         for (block, info) in self.blocks.drain(..n).zip(self.got.drain(..)) {
+            block.count_alloc(Layer::Receive);
             if info.truncated {
                 c.nr_ignored.fetch_add(1, Relaxed);
                 continue;
@@ -542,6 +600,19 @@ impl Receiver {
                     if udp::send_small(sock, info.peer, &rst).is_ok() {
                         c.sh_sent.fetch_add(1, Relaxed);
                     }
+                    Kind::Done
+                }
+                // a Reset of a notification ends that observation (RFC 7641 3.6)
+                Inbound::PeerReset(mid)
+                    if sh
+                        .observe
+                        .registry
+                        .lock()
+                        .remove_by_mid(info.peer, mid)
+                        .is_some() =>
+                {
+                    Notifier::count_removed(&sh.observe, 1);
+                    sh.separate.lock().remove(&(info.peer, mid));
                     Kind::Done
                 }
                 Inbound::Ack(mid) | Inbound::PeerReset(mid) => {
@@ -592,6 +663,17 @@ impl Receiver {
         c.sh_sent.fetch_add(sent as u64, Relaxed);
         c.sh_errors.fetch_add(failed as u64, Relaxed);
     }
+}
+
+/// Waits up to `timeout` for `sock` to have a datagram; false on timeout.
+fn wait_readable(sock: &UdpSocket, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(sock),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) > 0 }
 }
 
 /// The dedicated Network Receiver thread of listener `li`.
@@ -688,6 +770,9 @@ fn handler_loop(sh: &Shared, w: &Worker) {
             if matches!(handled, Handled::Exhausted) && sh.reclaim() > 0 {
                 handled = process_request(&router, &sh.pool, &req, 64, max_payload);
             }
+            if let Handled::Respond(rb) = &mut handled {
+                observe_on_request(sh, &router, &req, job.listener, rb);
+            }
             let acked = con && slot.lock().take().is_some_and(|f| f.acked);
             let (ty, mid) = match (con, acked) {
                 (false, _) => (MessageType::Non, sh.mid()),
@@ -765,11 +850,21 @@ fn timer_loop(sh: &Shared) {
             }
         }
         let mut sep = sh.separate.lock();
-        sep.retain(|(peer, _), p| {
+        sep.retain(|(peer, mid), p| {
             if now < p.next {
                 return true;
             }
             if p.retransmits >= MAX_RETRANSMIT {
+                // an unacknowledged CON notification ends the observation
+                if sh
+                    .observe
+                    .registry
+                    .lock()
+                    .remove_by_mid(*peer, *mid)
+                    .is_some()
+                {
+                    Notifier::count_removed(&sh.observe, 1);
+                }
                 return false;
             }
             let mut sb = SendBatch::new(1);
@@ -781,5 +876,165 @@ fn timer_loop(sh: &Shared) {
             p.next = now + p.timeout;
             true
         });
+    }
+}
+
+/// Observe on a request the handler answered: a GET with `Observe: 0` on an
+/// observable resource answered 2.05 registers the client and the response
+/// carries the Observe value; `Observe: 1` deregisters it.
+fn observe_on_request(
+    sh: &Shared,
+    router: &Router,
+    req: &Request<'_>,
+    listener: usize,
+    rb: &mut mintgate_coap::server::ResponseBuilder,
+) {
+    use mintgate_coap::server::observe::{observe_request, ObserveRequest};
+    match observe_request(req.packet) {
+        ObserveRequest::None => {}
+        ObserveRequest::Deregister => {
+            if sh
+                .observe
+                .registry
+                .lock()
+                .deregister(req.peer, req.packet.token())
+            {
+                Notifier::count_removed(&sh.observe, 1);
+            }
+        }
+        ObserveRequest::Register => {
+            if rb.code() != Code::CONTENT {
+                return;
+            }
+            let Some(r) = router.find(req).filter(|r| r.is_observable()) else {
+                return;
+            };
+            let accept = req
+                .option(mintgate_coap::wire::OptionNumber::ACCEPT)
+                .and_then(|o| o.uint())
+                .map(|v| v as u16);
+            let got = sh.observe.registry.lock().register(
+                r.path(),
+                req.peer,
+                req.packet.token(),
+                listener,
+                accept,
+                Instant::now(),
+            );
+            let c = &sh.observe.counters;
+            match got {
+                Ok(seq) => {
+                    rb.option_uint(mintgate_coap::wire::OptionNumber::OBSERVE, seq);
+                    c.registered.fetch_add(1, Relaxed);
+                }
+                // full: answered as a plain GET, without Observe
+                Err(_) => {
+                    c.refused.fetch_add(1, Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// The `coap-notify` thread: renders and sends notifications for the
+/// resources marked changed.
+fn notify_loop(sh: &Shared) {
+    let mut sbs: Vec<SendBatch> = (0..sh.listeners.len())
+        .map(|_| SendBatch::new(sh.cfg.pipeline.send_batch))
+        .collect();
+    while !sh.stop.load(Relaxed) {
+        let paths = sh.observe.take_dirty(Duration::from_millis(100));
+        if paths.is_empty() {
+            continue;
+        }
+        let router = sh.router.read().clone();
+        for p in &paths {
+            notify_path(sh, &router, p, &mut sbs);
+        }
+        for (i, sb) in sbs.iter_mut().enumerate() {
+            let (s, f) = sb.flush(&sh.listeners[i]);
+            sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
+            sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
+        }
+    }
+}
+
+/// Sends one notification per observer of `path`: the resource's GET
+/// answer with the observer's token and next Observe value, CON when the
+/// registry says so (then retransmitted like a separate response). A
+/// notification other than 2.05 (the resource is gone) ends the observation.
+fn notify_path(sh: &Shared, router: &Router, path: &str, sbs: &mut [SendBatch]) {
+    use mintgate_coap::server::observe::Notification;
+    use mintgate_coap::wire::{MessageWriter, OptionNumber};
+    let plan: Vec<Notification> = sh.observe.registry.lock().plan(path, Instant::now());
+    let mut dg = [0u8; 512];
+    for n in plan {
+        let Some(sock) = sh.listeners.get(n.listener) else {
+            continue;
+        };
+        // the GET the handler answers, with the observer's token
+        let len =
+            match MessageWriter::new(&mut dg, MessageType::Non, Code::GET, 0, n.token.as_slice())
+                .and_then(|mut w| {
+                    w.path_options(OptionNumber::URI_PATH, path)?;
+                    if let Some(cf) = n.accept {
+                        w.option_uint(OptionNumber::ACCEPT, cf.into())?;
+                    }
+                    Ok(w.finish())
+                }) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(path, error = ?e, "cannot form the notification request");
+                    continue;
+                }
+            };
+        let Ok(p) = Packet::new_checked(&dg[..len]) else {
+            continue;
+        };
+        let req = Request {
+            peer: n.peer,
+            packet: &p,
+        };
+        let Handled::Respond(mut rb) =
+            process_request(router, &sh.pool, &req, 64, sh.cfg.coap.max_payload)
+        else {
+            continue; // no block free: the next change notifies again
+        };
+        let ok = rb.code() == Code::CONTENT;
+        if ok {
+            rb.option_uint(OptionNumber::OBSERVE, n.seq);
+        }
+        let mid = sh.mid();
+        let ty = if n.confirmable {
+            MessageType::Con
+        } else {
+            MessageType::Non
+        };
+        let Answer::Send(o) = finish_response(&sh.pool, rb, ty, mid, n.token.as_slice()) else {
+            continue;
+        };
+        if n.confirmable {
+            sh.separate.lock().insert(
+                (n.peer, mid),
+                Pending {
+                    msg: o.clone(),
+                    listener: n.listener,
+                    next: Instant::now() + ACK_TIMEOUT,
+                    timeout: ACK_TIMEOUT,
+                    retransmits: 0,
+                },
+            );
+            sh.observe.counters.confirmable.fetch_add(1, Relaxed);
+        }
+        sh.observe.counters.notifications.fetch_add(1, Relaxed);
+        let (s, f) = sbs[n.listener].push(sock, n.peer, o);
+        sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
+        sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
+        let mut reg = sh.observe.registry.lock();
+        if ok {
+            reg.sent(path, n.peer, n.token, mid);
+        } else if reg.deregister(n.peer, n.token.as_slice()) {
+            Notifier::count_removed(&sh.observe, 1);
+        }
     }
 }

@@ -14,12 +14,20 @@
 //! - [`lab_clients`], [`lab_blocksize`]: paper 000, Figs. 9-11, throughput
 //!   against the number of clients and the answer's size, mintgate VTA vs a
 //!   fixed pool vs libcoap.
-//! - [`lab_mqtt`]: paper 004, Fig. 5, 1,000 MQTT messages through the
-//!   publish queue (QoS 1, window 1 and window N) vs plain QoS 2 and QoS 1,
-//!   against the embedded broker and mosquitto, every message checked.
 //! - [`lab_congestion`]: paper 002, Tables 1-3, CoAP Basic, CoCoA and
 //!   Adaptive RTO at 5, 10 and 15 % loss in the simulated multi-hop chain
 //!   (or end to end through the impairment relay).
+//! - [`lab_mqtt`]: paper 004, Fig. 5, 1,000 MQTT messages through the
+//!   publish queue (QoS 1, window 1 and window N) vs plain QoS 2 and QoS 1,
+//!   against the embedded broker and mosquitto, every message checked.
+//! - [`lab_buffers`]: paper 003, Tables 3-5, bytes allocated and copied and
+//!   time per message for echo and CoAP, mintgate vs a copy-per-layer
+//!   baseline.
+//! - [`lab_footprint`]: resident memory of `mintgate serve` idle and under
+//!   load, and the pool's outstanding blocks after the load stops.
+//! - [`lab_directpath`]: paper 001, Fig. 4, one read -> compare -> write
+//!   cycle through the user API, the optimized user path and the direct
+//!   path (inside the worker and end to end under load).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -31,18 +39,26 @@ use mintgate_gateway::config::{HandlerCost, PoolMode};
 use mintgate_gateway::{resources, Config, Gateway};
 use mintgate_sched::Sample;
 
+pub mod buffers;
 mod clients;
 pub mod congestion;
+pub mod directpath;
+pub mod footprint;
 pub mod mqtt;
 mod paper;
 mod peers;
 mod plot;
+pub mod proxy;
 mod threads;
 mod vta;
 
+pub use buffers::lab_buffers;
 pub use clients::{lab_blocksize, lab_clients, CompareOptions};
 pub use congestion::{lab_congestion, CongestionOptions};
+pub use directpath::lab_directpath;
+pub use footprint::lab_footprint;
 pub use mqtt::{lab_mqtt, MqttLabOptions};
+pub use proxy::{lab_proxy, ProxyLabOptions};
 pub use threads::lab_threads;
 pub use vta::lab_vta;
 

@@ -80,6 +80,43 @@ pub fn point(threads: usize) -> Option<&'static PaperPoint> {
     THREADS.iter().find(|p| p.threads == threads)
 }
 
+/// One method of paper 001's Fig. 4 (Raspberry Pi 2, 900 MHz, OpenWrt;
+/// the text's values, microseconds per read -> compare -> write cycle,
+/// averaged over 1000 repetitions).
+#[derive(Clone, Copy, Debug)]
+pub struct DirectPathPoint {
+    /// Our method name in `directpath.csv`.
+    pub method: &'static str,
+    /// Microseconds per cycle.
+    pub us: f64,
+    /// What the paper timed.
+    pub what: &'static str,
+}
+
+/// Paper 001, sec. 5: "about 126 usec", "11 usec", "about 0.72 usec".
+pub const DIRECTPATH: &[DirectPathPoint] = &[
+    DirectPathPoint {
+        method: "user_api",
+        us: 126.0,
+        what: "User: open, read, compare, write, close on /sys/class/gpio",
+    },
+    DirectPathPoint {
+        method: "user_optimized",
+        us: 11.0,
+        what: "User Optimization: file kept open, read + write",
+    },
+    DirectPathPoint {
+        method: "direct_path",
+        us: 0.72,
+        what: "Kernel: gpio_get_value, compare, gpio_set_value in a kernel thread",
+    },
+];
+
+/// The paper's figure for a `directpath.csv` method, if it has one.
+pub fn directpath(method: &str) -> Option<&'static DirectPathPoint> {
+    DIRECTPATH.iter().find(|p| p.method == method)
+}
+
 /// Paper 004, Fig. 5 (Pub Queue over QoS 1 vs QoS 2, mosquitto, Eclipse
 /// Paho/Java, Windows 10, Core i3-4300). The figure is an image; the text
 /// states only the ratio and the ordering result.
@@ -101,3 +138,79 @@ pub fn range(r: Option<(f64, f64)>) -> String {
         Some((lo, hi)) => format!("{lo:.0}-{hi:.0}"),
     }
 }
+
+/// Paper 003 (minimal-resource network subsystem, Zephyr 1.14.1 on a
+/// FRDM-K64F with 802.15.4), Tables 3-5: how much the improved Zephyr
+/// subsystem reduced, per transmission size, against the original, in %.
+#[derive(Clone, Copy, Debug)]
+pub struct ReductionRow {
+    /// Transmission size, bytes.
+    pub n: usize,
+    /// Echo (UDP), %.
+    pub echo: f64,
+    /// CoAP (UDP), %.
+    pub coap: f64,
+    /// HTTP (TCP), %.
+    pub http: f64,
+}
+
+const fn rr(n: usize, echo: f64, coap: f64, http: f64) -> ReductionRow {
+    ReductionRow {
+        n,
+        echo,
+        coap,
+        http,
+    }
+}
+
+/// Table 3: memory allocation reduction.
+pub const TABLE3_ALLOC: &[ReductionRow] = &[
+    rr(128, 21.92, 21.92, 34.62),
+    rr(256, 29.63, 29.63, 41.85),
+    rr(384, 33.57, 33.57, 45.80),
+    rr(512, 35.96, 35.96, 48.29),
+    rr(640, 37.56, 37.56, 50.00),
+    rr(768, 38.71, 38.71, 51.25),
+    rr(896, 39.58, 39.58, 52.20),
+    rr(1024, 40.25, 40.25, 52.95),
+];
+
+/// Table 4: memory copy reduction.
+pub const TABLE4_COPY: &[ReductionRow] = &[
+    rr(128, 59.53, 59.53, 69.38),
+    rr(256, 62.90, 62.90, 71.88),
+    rr(384, 64.11, 64.11, 72.84),
+    rr(512, 64.73, 64.73, 73.35),
+    rr(640, 65.11, 65.11, 73.66),
+    rr(768, 65.36, 65.36, 73.88),
+    rr(896, 65.54, 65.54, 74.03),
+    rr(1024, 65.68, 65.68, 74.15),
+];
+
+/// Table 5: execution time reduction.
+pub const TABLE5_TIME: &[ReductionRow] = &[
+    rr(128, 7.33, 9.52, 16.71),
+    rr(256, 12.48, 16.72, 26.72),
+    rr(384, 16.91, 21.45, 32.72),
+    rr(512, 20.20, 25.73, 38.28),
+    rr(640, 23.05, 28.16, 42.37),
+    rr(768, 25.63, 30.22, 45.74),
+    rr(896, 26.51, 32.86, 47.54),
+    rr(1024, 28.26, 34.34, 50.63),
+];
+
+/// The tables' "Avg" rows: (allocation, copy, time) reduction in %.
+pub const AVG_ECHO: (f64, f64, f64) = (34.65, 64.12, 20.04);
+/// As [`AVG_ECHO`], for CoAP.
+pub const AVG_COAP: (f64, f64, f64) = (34.65, 64.12, 24.87);
+/// As [`AVG_ECHO`], for HTTP.
+pub const AVG_HTTP: (f64, f64, f64) = (47.12, 72.89, 37.59);
+
+/// The paper's fitted lines (sections IV.2 and IV.4), as text.
+pub const P003_FITS: &[&str] = &[
+    "paper 003 (Zephyr 1.14.1, Cortex-M4, 802.15.4): sending n bytes",
+    "  Zephyr UDP (echo, CoAP): alloc 2.18n + c, copy 3n + d;  TCP (HTTP): 3.36n + c', 4n + d'",
+    "  improved UDP: alloc 1.18n + ~300, copy n + ~46;  improved TCP: 1.36n + ~500, n + ~68",
+    "  time 32n + e -> 15n + e cycles (e ~ 20000-30000); minimal standard: alloc n + c, copy n",
+    "  (c >= 48 bytes of UDP/IPv6 headers); the 0.18n is Zephyr's 24-byte net_buf per 128-byte block",
+];

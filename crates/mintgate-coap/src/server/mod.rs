@@ -6,7 +6,9 @@
 //! answer with a [`ResponseBuilder`] in a pooled block. The gateway adds the
 //! sockets, queues and threads around these.
 
+pub mod block;
 mod dedup;
+pub mod observe;
 mod resource;
 mod response;
 

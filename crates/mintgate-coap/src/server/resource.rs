@@ -172,6 +172,12 @@ impl Resource {
         self
     }
 
+    /// Whether it is observable (has the `obs` link attribute): a GET with
+    /// `Observe: 0` registers the client for notifications (RFC 7641).
+    pub fn is_observable(&self) -> bool {
+        self.attrs.iter().any(|(k, _)| k == "obs")
+    }
+
     /// The path without leading `/`.
     pub fn path(&self) -> &str {
         &self.path

@@ -1,0 +1,297 @@
+//! `mintgate proxy` (the HTTP/1.1, HTTP/2 and HTTP/3 proxy on its own) and
+//! the glue `mintgate serve --http/--h3` uses: the `[proxy]` section of
+//! the gateway's configuration turned into a `mintgate_proxy::ProxyConfig`.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use mintgate_coap::rto::Algorithm;
+use mintgate_gateway::config::ProxySection;
+use mintgate_gateway::Config;
+use mintgate_proxy::mapping::{Authority, ReverseMapping};
+use mintgate_proxy::{Listen, ProxyConfig, ProxyServer};
+
+/// Arguments of `mintgate proxy`.
+#[derive(clap::Args)]
+#[command(after_help = "\
+Requests go to CoAP as /hc/coap://HOST:PORT/PATH (RFC 8075) or through the
+configured reverse mappings ([[proxy.reverse]] in the config file). Only the
+upstreams given with --upstream (or proxy.allow) are served; anything else
+gets 403. Without --http or --h3 (or proxy.http / proxy.h3) the proxy serves
+HTTP on 127.0.0.1:8080 and HTTP/3 on 127.0.0.1:8443.
+
+Example:
+  mintgate serve &
+  mintgate proxy --upstream 127.0.0.1:5683
+  curl http://127.0.0.1:8080/hc/coap://127.0.0.1:5683/request")]
+pub struct ProxyArgs {
+    /// TOML file; its [proxy] section is used (every key optional).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// TCP address for HTTP/1.1 and HTTP/2 (replaces proxy.http).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// UDP address for HTTP/3 (replaces proxy.h3).
+    #[arg(long, value_name = "ADDR")]
+    h3: Option<SocketAddr>,
+    /// Allowed upstream CoAP server, host:port (repeatable; replaces
+    /// proxy.allow) [default: 127.0.0.1:5683, [::1]:5683, localhost:5683].
+    #[arg(long, value_name = "HOST:PORT")]
+    upstream: Vec<String>,
+    /// Accepted bearer token (repeatable; replaces proxy.bearer_tokens).
+    #[arg(long, value_name = "TOKEN")]
+    token: Vec<String>,
+    /// Congestion control of the upstream CoAP client (replaces proxy.congestion).
+    #[arg(long, value_name = "basic|cocoa|adaptive")]
+    cc: Option<Algorithm>,
+    /// Print the effective [proxy] section as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+/// The addresses the gateway's own CoAP endpoint is reached at: each bound
+/// address, an unspecified one (`[::]`, `0.0.0.0`) as loopback and
+/// `localhost`.
+pub fn own_endpoints(binds: &[SocketAddr]) -> Vec<Authority> {
+    let mut out: Vec<Authority> = Vec::new();
+    for b in binds {
+        let port = b.port();
+        let list: Vec<Authority> = if b.ip().is_unspecified() {
+            let mut v = vec![Authority::from(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                port,
+            ))];
+            if b.is_ipv6() {
+                v.push(Authority::from(SocketAddr::new(
+                    IpAddr::V6(Ipv6Addr::LOCALHOST),
+                    port,
+                )));
+            }
+            v.push(Authority::new("localhost", port));
+            v
+        } else {
+            let mut v = vec![Authority::from(*b)];
+            if b.ip().is_loopback() {
+                v.push(Authority::new("localhost", port));
+            }
+            v
+        };
+        for a in list {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    out
+}
+
+/// `[proxy]` as the proxy crate's configuration; `default_allow` when
+/// `allow` is empty. Errors name the key.
+pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Result<ProxyConfig> {
+    let mut allow = Vec::new();
+    for a in &s.allow {
+        allow.push(
+            a.parse::<Authority>()
+                .map_err(|e| anyhow!("invalid config value proxy.allow: {e}"))?,
+        );
+    }
+    if allow.is_empty() {
+        allow = default_allow.to_vec();
+    }
+    let mut reverse = Vec::new();
+    for r in &s.reverse {
+        reverse.push(
+            ReverseMapping::new(&r.prefix, &r.target)
+                .map_err(|e| anyhow!("invalid config value proxy.reverse: {e}"))?,
+        );
+    }
+    let congestion: Algorithm = s
+        .congestion
+        .parse()
+        .map_err(|e| anyhow!("invalid config value proxy.congestion: {e}"))?;
+    let cfg = ProxyConfig {
+        allow,
+        reverse,
+        bearer_tokens: s.bearer_tokens.clone(),
+        rate_per_client: s.rate_per_client,
+        rate_burst: s.rate_burst,
+        max_body: s.max_body,
+        max_uri: s.max_uri,
+        request_timeout: Duration::from_millis(s.request_timeout_ms),
+        max_inflight: s.max_inflight,
+        max_queue_per_upstream: s.max_queue_per_upstream,
+        nstart: s.nstart,
+        congestion,
+        cache_entries: s.cache_entries,
+        cache_max_payload: s.cache_max_payload,
+        server_timing: s.server_timing,
+        max_connections: s.max_connections,
+        header_timeout: Duration::from_millis(s.header_timeout_ms),
+        idle_timeout: Duration::from_millis(s.idle_timeout_ms),
+        tls: mintgate_proxy::TlsConfig {
+            cert: s.tls_cert.clone(),
+            key: s.tls_key.clone(),
+            self_signed_dir: s.tls_dir.clone(),
+            client_ca: s.client_ca.clone(),
+            session_cache: s.session_cache,
+            early_data: s.early_data,
+        },
+    };
+    cfg.validate()
+        .map_err(|e| anyhow!("invalid config value proxy.{}: {}", e.key, e.why))?;
+    Ok(cfg)
+}
+
+/// Starts the proxy of `s` when it has a listener; logs where it serves and
+/// where the HTTP/3 certificate is.
+pub fn start(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Result<Option<ProxyServer>> {
+    if s.http.is_none() && s.h3.is_none() {
+        return Ok(None);
+    }
+    let cfg = proxy_config(s, default_allow)?;
+    let allow: Vec<String> = cfg.allow.iter().map(|a| a.to_string()).collect();
+    let srv = ProxyServer::start(
+        cfg,
+        &Listen {
+            http: s.http,
+            h3: s.h3,
+        },
+        s.threads,
+    )
+    .context("starting the HTTP proxy")?;
+    if let Some(a) = srv.http_addr() {
+        tracing::info!(
+            allow = %allow.join(", "),
+            "HTTP/1.1 and HTTP/2 proxy on tcp {a} (try: curl http://{a}/hc/coap://{}/request)",
+            allow.first().map(String::as_str).unwrap_or("127.0.0.1:5683")
+        );
+    }
+    if let Some(a) = srv.h3_addr() {
+        let (cert, generated) = srv
+            .cert()
+            .map(|(p, g)| (p.display().to_string(), g))
+            .unwrap_or_default();
+        if generated {
+            tracing::info!("generated a self-signed certificate for HTTP/3: {cert}");
+        }
+        tracing::info!(
+            certificate = %cert,
+            "HTTP/3 proxy on udp {a} (try: mintgate http --h3 --cacert {cert} https://localhost:{}/hc/coap://{}/request)",
+            a.port(),
+            allow.first().map(String::as_str).unwrap_or("127.0.0.1:5683")
+        );
+    }
+    Ok(Some(srv))
+}
+
+/// Runs `mintgate proxy` until SIGINT or SIGTERM.
+pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
+    let cfg = match &a.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let mut s = cfg.proxy.clone();
+    if a.http.is_some() || a.h3.is_some() {
+        s.http = a.http;
+        s.h3 = a.h3;
+    }
+    if s.http.is_none() && s.h3.is_none() {
+        s.http = Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 8080)));
+        s.h3 = Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 8443)));
+    }
+    if !a.upstream.is_empty() {
+        s.allow = a.upstream.clone();
+    }
+    if !a.token.is_empty() {
+        s.bearer_tokens = a.token.clone();
+    }
+    if let Some(cc) = a.cc {
+        s.congestion = cc.name().to_owned();
+    }
+    let default_allow = own_endpoints(&[SocketAddr::from((Ipv6Addr::UNSPECIFIED, 5683))]);
+    if a.print_config {
+        proxy_config(&s, &default_allow)?;
+        let mut full = cfg.clone();
+        full.proxy = s;
+        print!("{}", full.to_toml());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let set = crate::serve::block_signals();
+    let srv = start(&s, &default_allow)?.ok_or_else(|| anyhow!("nothing to serve"))?;
+    let sig = crate::serve::wait_for_signal(&set, Duration::from_secs(3600), || {});
+    let st = srv.proxy().stats();
+    use std::sync::atomic::Ordering::Relaxed;
+    tracing::info!(
+        signal = sig,
+        requests = st.requests.load(Relaxed),
+        cache_hits = st.cache_hits.load(Relaxed),
+        forbidden = st.forbidden.load(Relaxed),
+        too_early = st.too_early.load(Relaxed),
+        timeouts = st.timeouts.load(Relaxed),
+        "proxy stopping"
+    );
+    drop(srv);
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn section_defaults_match_the_proxy_crate() {
+        let own = own_endpoints(&["[::]:5683".parse().unwrap()]);
+        let from_section = proxy_config(&ProxySection::default(), &own).unwrap();
+        let expected = ProxyConfig {
+            allow: own.clone(),
+            ..ProxyConfig::default()
+        };
+        assert_eq!(from_section, expected);
+        assert_eq!(
+            own.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            ["127.0.0.1:5683", "[::1]:5683", "localhost:5683"]
+        );
+    }
+
+    #[test]
+    fn section_errors_name_the_key() {
+        let own = own_endpoints(&["127.0.0.1:5683".parse().unwrap()]);
+        let mut s = ProxySection {
+            congestion: "fast".into(),
+            ..ProxySection::default()
+        };
+        let e = proxy_config(&s, &own).unwrap_err().to_string();
+        assert!(e.contains("proxy.congestion"), "{e}");
+        s.congestion = "adaptive".into();
+        s.allow = vec!["::1".into()];
+        let e = proxy_config(&s, &own).unwrap_err().to_string();
+        assert!(e.contains("proxy.allow"), "{e}");
+        s.allow = vec![];
+        s.nstart = 0;
+        let e = proxy_config(&s, &own).unwrap_err().to_string();
+        assert!(e.contains("proxy.nstart"), "{e}");
+        s.nstart = 1;
+        s.reverse = vec![mintgate_gateway::config::ProxyReverse {
+            prefix: "/s".into(),
+            target: "coap://192.0.2.1/s".into(),
+        }];
+        let e = proxy_config(&s, &own).unwrap_err().to_string();
+        assert!(e.contains("proxy.reverse"), "{e}");
+    }
+
+    #[test]
+    fn toml_section_parses() {
+        let c = Config::from_toml(
+            "[proxy]\nhttp = \"127.0.0.1:0\"\nallow = [\"127.0.0.1:5683\"]\ncongestion = \"cocoa\"\n\
+             [[proxy.reverse]]\nprefix = \"/sensors\"\ntarget = \"coap://127.0.0.1:5683/sensors\"\n",
+        )
+        .unwrap();
+        let p = proxy_config(&c.proxy, &[]).unwrap();
+        assert_eq!(p.congestion, Algorithm::Cocoa);
+        assert_eq!(p.reverse[0].prefix, "/sensors");
+        assert!(Config::from_toml("[proxy]\nbogus = 1\n").is_err());
+    }
+}

@@ -1,0 +1,258 @@
+//! Observe (RFC 7641) end to end: libcoap's `coap-client-notls -s` observing
+//! a sensor of `mintgate serve`, and `mintgate observe` against both
+//! `mintgate serve` and libcoap's `coap-server-notls`.
+//!
+//! Without libcoap on PATH the libcoap parts are skipped with a message,
+//! unless `MINTGATE_REQUIRE_PEERS` is set, in which case they fail.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Proc {
+    child: Child,
+    port: u16,
+    _dir: Option<TempDir>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn on_path(exe: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(exe).is_file()))
+}
+
+fn peer_or_skip(exe: &str) -> bool {
+    if on_path(exe) {
+        return true;
+    }
+    if std::env::var_os("MINTGATE_REQUIRE_PEERS").is_some() {
+        panic!("{exe} is not on PATH and MINTGATE_REQUIRE_PEERS is set (install libcoap3-bin)");
+    }
+    eprintln!("skipping: {exe} is not on PATH (install libcoap3-bin to run this test)");
+    false
+}
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("a probe socket")
+        .port()
+}
+
+/// Pings (empty CON, answered by a Reset) until the server answers.
+fn ready(p: &mut Proc) -> bool {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let dest: SocketAddr = ([127, 0, 0, 1], p.port).into();
+    let ping = [0x40, 0x00, 0x43, 0x21];
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 64];
+    while Instant::now() < until {
+        if p.child.try_wait().ok().flatten().is_some() {
+            return false;
+        }
+        let _ = sock.send_to(&ping, dest);
+        if let Ok((n, _)) = sock.recv_from(&mut buf) {
+            if n >= 4 && buf[0] >> 4 == 0x7 && buf[2..4] == ping[2..4] {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// `mintgate serve` with a sensor sampled every 100 ms.
+fn serve() -> Proc {
+    for attempt in 0..5 {
+        let port = free_udp_port();
+        let dir = std::env::temp_dir().join(format!(
+            "mintgate-observe-test-{}-{attempt}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("gw.toml");
+        std::fs::write(
+            &cfg,
+            "[pipeline]\npool = \"fixed:2\"\n\
+             [directpath]\npriority = 0\n\
+             [[devices.list]]\nname = \"temp0\"\nkind = \"sim-sensor\"\n\
+             signal = \"walk(20, 0.5, 0, 40)\"\nperiod = \"100ms\"\nunit = \"Cel\"\n\
+             [[devices.list]]\nname = \"led0\"\nkind = \"sim-actuator\"\n",
+        )
+        .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_mintgate"))
+            .args(["serve", "--coap", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(&cfg)
+            .args(["--log", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning mintgate serve");
+        let mut p = Proc {
+            child,
+            port,
+            _dir: Some(TempDir(dir)),
+        };
+        if ready(&mut p) {
+            return p;
+        }
+    }
+    panic!("mintgate serve did not come up");
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .expect("running a command")
+}
+
+#[test]
+fn libcoap_client_observes_our_sensor() {
+    if !peer_or_skip("coap-client-notls") {
+        return;
+    }
+    let s = serve();
+    let uri = format!("coap://127.0.0.1:{}/sensors/temp0", s.port);
+    // -s 3: observe for 3 s; -A 50: JSON, one object per notification
+    let o = run(Command::new("coap-client-notls").args(["-s", "3", "-A", "50", &uri]));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "coap-client: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let n = out.matches("{\"n\":\"temp0\"").count();
+    // 3 s of 100 ms samples: about 30; a loaded machine may delay some
+    assert!(n >= 10, "{n} notifications: {out}");
+    let values: Vec<f64> = out
+        .split("\"v\":")
+        .skip(1)
+        .map(|s| s.split([',', '}']).next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        values.iter().all(|v| (0.0..=40.0).contains(v)),
+        "{values:?}"
+    );
+    assert!(
+        values.windows(2).any(|w| w[0] != w[1]),
+        "the walk moves: {values:?}"
+    );
+}
+
+#[test]
+fn mintgate_observe_counts_and_orders_notifications() {
+    let s = serve();
+    let uri = format!("coap://127.0.0.1:{}/sensors/temp0", s.port);
+    let o = run(Command::new(env!("CARGO_BIN_EXE_mintgate")).args([
+        "observe",
+        &uri,
+        "--count",
+        "4",
+        "--json",
+        "--duration",
+        "20s",
+    ]));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    let seqs: Vec<u64> = lines
+        .iter()
+        .map(|l| {
+            l.split("\"observe\":")
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[1] > w[0]), "{seqs:?}");
+    assert!(lines[0].contains("\"type\":\"ACK\""), "{}", lines[0]);
+
+    // a resource that is not observable: exit 7
+    let o = run(Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args(["observe", &format!("coap://127.0.0.1:{}/request", s.port)]));
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // nothing there: 4.04, exit 3
+    let o = run(Command::new(env!("CARGO_BIN_EXE_mintgate")).args([
+        "observe",
+        &format!("coap://127.0.0.1:{}/sensors/none", s.port),
+    ]));
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("4.04"));
+}
+
+#[test]
+fn mintgate_observe_against_libcoap_server() {
+    if !peer_or_skip("coap-server-notls") {
+        return;
+    }
+    for _ in 0..5 {
+        let port = free_udp_port();
+        let child = Command::new("coap-server-notls")
+            .args(["-A", "127.0.0.1", "-p", &port.to_string(), "-d", "10"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning coap-server-notls");
+        let mut p = Proc {
+            child,
+            port,
+            _dir: None,
+        };
+        if !ready(&mut p) {
+            continue;
+        }
+        // libcoap's /time is observable and changes every second
+        let o = run(Command::new(env!("CARGO_BIN_EXE_mintgate")).args([
+            "observe",
+            &format!("coap://127.0.0.1:{port}/time"),
+            "--count",
+            "3",
+            "-v",
+            "--duration",
+            "20s",
+        ]));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(out.lines().count(), 3, "{out}");
+        assert!(out.lines().all(|l| l.contains(" obs ")), "{out}");
+        return;
+    }
+    panic!("coap-server-notls did not come up");
+}

@@ -1,0 +1,185 @@
+//! Device declarations (the finder's input), as read from the gateway's
+//! TOML (`[devices]`, `[[devices.list]]`).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpio::LineRef;
+
+/// The driver a device uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceKind {
+    /// A simulated sensor (`signal`, `period`).
+    SimSensor,
+    /// A simulated actuator.
+    SimActuator,
+    /// An attribute file read as a sensor (`path`, `keep_open`, `period` to poll).
+    AttrSensor,
+    /// An attribute file written as an actuator (`path`, `keep_open`).
+    AttrActuator,
+    /// A GPIO input line with edge events (`chip`, `line`, `debounce`).
+    GpioIn,
+    /// A GPIO output line (`chip`, `line`).
+    GpioOut,
+}
+
+impl DeviceKind {
+    /// Whether it is an actuator.
+    pub fn is_actuator(self) -> bool {
+        matches!(
+            self,
+            DeviceKind::SimActuator | DeviceKind::AttrActuator | DeviceKind::GpioOut
+        )
+    }
+}
+
+fn default_history() -> usize {
+    256
+}
+
+/// One device.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    /// Unique name: 1-32 of `A-Z a-z 0-9 _ - .`; the CoAP resource is
+    /// `/sensors/NAME` or `/actuators/NAME`.
+    pub name: String,
+    /// The driver.
+    pub kind: DeviceKind,
+    /// `sim-sensor`: the signal, e.g. `"sine(22, 3, 60s)"` (see `sim`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// `sim-sensor`: sampling period; `attr-sensor`: polling period (no
+    /// polling when absent). E.g. `"1s"`, `"100ms"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<String>,
+    /// `attr-*`: the attribute file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// `attr-*`: keep the file open and use pread/pwrite (else open/close per access).
+    #[serde(default)]
+    pub keep_open: bool,
+    /// `gpio-*`: the chip: `/dev/gpiochip0`, `gpiochip0` or its label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chip: Option<String>,
+    /// `gpio-*`: the line's offset or name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<LineRef>,
+    /// `gpio-in`: debounce period, e.g. `"5ms"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<String>,
+    /// Unit shown beside values (`"Cel"`, `"%RH"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// Resource type (`rt`) of its CoAP resource; a default per kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rt: Option<String>,
+    /// Values kept in its history.
+    #[serde(default = "default_history")]
+    pub history: usize,
+    /// Seed of a `walk` signal (default: from the name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+impl DeviceSpec {
+    /// A declaration with only name and kind set.
+    pub fn new(name: &str, kind: DeviceKind) -> DeviceSpec {
+        DeviceSpec {
+            name: name.into(),
+            kind,
+            signal: None,
+            period: None,
+            path: None,
+            keep_open: false,
+            chip: None,
+            line: None,
+            debounce: None,
+            unit: None,
+            rt: None,
+            history: default_history(),
+            seed: None,
+        }
+    }
+}
+
+/// `[devices]`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DevicesConfig {
+    /// Devices to create at start. The default (used when no file sets
+    /// `[[devices.list]]`) is a simulated temperature sensor `temp0`
+    /// (a 60 s sine around 22 °C, sampled every second) and a simulated
+    /// actuator `led0`.
+    pub list: Vec<DeviceSpec>,
+    /// Directory where device histories are kept across restarts (one
+    /// `NAME.hist` file per device, flushed every second); absent: the
+    /// histories live in memory only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<PathBuf>,
+}
+
+impl Default for DevicesConfig {
+    fn default() -> Self {
+        let mut temp = DeviceSpec::new("temp0", DeviceKind::SimSensor);
+        temp.signal = Some("sine(22, 3, 60s)".into());
+        temp.period = Some("1s".into());
+        temp.unit = Some("Cel".into());
+        temp.rt = Some("mintgate.temperature".into());
+        let mut led = DeviceSpec::new("led0", DeviceKind::SimActuator);
+        led.rt = Some("mintgate.light".into());
+        DevicesConfig {
+            list: vec![temp, led],
+            store: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_toml_and_rejects_unknown_keys() {
+        let c: DevicesConfig = toml::from_str(
+            r#"
+            [[list]]
+            name = "button0"
+            kind = "gpio-in"
+            chip = "gpio-sim"
+            line = 3
+            debounce = "5ms"
+            [[list]]
+            name = "door"
+            kind = "gpio-out"
+            chip = "/dev/gpiochip1"
+            line = "DOOR"
+            [[list]]
+            name = "fan"
+            kind = "attr-actuator"
+            path = "/sys/class/gpio/gpio5/value"
+            keep_open = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.list.len(), 3);
+        assert_eq!(c.list[0].line, Some(LineRef::Offset(3)));
+        assert_eq!(c.list[1].line, Some(LineRef::Name("DOOR".into())));
+        assert!(c.list[2].kind.is_actuator());
+        let e = toml::from_str::<DevicesConfig>(
+            "[[list]]\nname = \"a\"\nkind = \"sim-sensor\"\nsignall = \"x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("signall"), "{e}");
+        let e = toml::from_str::<DevicesConfig>("[[list]]\nname = \"a\"\nkind = \"laser\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("laser"), "{e}");
+        let d = DevicesConfig::default();
+        let back: DevicesConfig = toml::from_str(&toml::to_string(&d).unwrap()).unwrap();
+        assert_eq!(back, d);
+    }
+}

@@ -1,0 +1,139 @@
+//! The driver trait.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Where a driver delivers what it senses: the value and the instant it was
+/// taken, in [`crate::clock::now_ns`] nanoseconds (for a GPIO edge, the
+/// kernel's timestamp). Called on the driver's own thread; it must not block
+/// for long.
+pub type EventFn = Arc<dyn Fn(f64, u64) + Send + Sync>;
+
+/// Whether a device senses or acts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Produces values (read, and events when started).
+    Sensor,
+    /// Takes values (written; reading gives the last value written).
+    Actuator,
+}
+
+/// What can go wrong with a device.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// An I/O error from the device file.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The device file did not hold a number.
+    #[error("{path}: `{text}` is not a number")]
+    NotANumber {
+        /// The file.
+        path: String,
+        /// What it held (truncated).
+        text: String,
+    },
+    /// A sensor was written to.
+    #[error("the device is a sensor and cannot be written")]
+    NotWritable,
+    /// A GPIO operation failed.
+    #[error("gpio: {0}")]
+    Gpio(String),
+    /// The device declaration is wrong or incomplete.
+    #[error("device `{name}`: {why}")]
+    Config {
+        /// The device.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// No device with that name.
+    #[error("no device named `{0}`")]
+    NotFound(String),
+    /// A device with that name already exists.
+    #[error("a device named `{0}` already exists")]
+    Exists(String),
+}
+
+/// A device driver. Implementations are shared between threads: reads and
+/// writes may come from CoAP handlers, the direct path worker and the
+/// driver's own event thread at once.
+pub trait Driver: Send + Sync + 'static {
+    /// A short name of the driver (`sim-sensor`, `attr`, `gpio-in`, ...).
+    fn kind(&self) -> &'static str;
+    /// Sensor or actuator.
+    fn direction(&self) -> Direction;
+    /// The current value (an actuator gives the last value written).
+    fn read(&self) -> Result<f64, DeviceError>;
+    /// Sets an actuator.
+    fn write(&self, _value: f64) -> Result<(), DeviceError> {
+        Err(DeviceError::NotWritable)
+    }
+    /// Starts delivering values to `events` (sampling ticks, edges). The
+    /// returned guard stops the delivery when dropped; `None` means the
+    /// driver produces no events of its own.
+    fn start(&self, _events: EventFn) -> Result<Option<Running>, DeviceError> {
+        Ok(None)
+    }
+}
+
+/// A driver's event thread; dropping it stops the thread and waits for it.
+pub struct Running {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Spawns `body` on a thread named `name`; `body` must return soon after
+    /// the flag it is given turns true (it is checked by the body, so the
+    /// body's longest wait bounds how long dropping takes).
+    pub fn spawn(
+        name: &str,
+        body: impl FnOnce(Arc<AtomicBool>) + Send + 'static,
+    ) -> Result<Running, DeviceError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.chars().take(15).collect())
+            .spawn(move || body(s))
+            .map_err(|source| DeviceError::Io {
+                what: format!("starting thread {name}"),
+                source,
+            })?;
+        Ok(Running {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// Waits until `deadline` (ns on the monotonic clock) or until `stop` turns
+/// true, in slices of at most 50 ms; returns false when stopped.
+pub(crate) fn sleep_until(deadline: u64, stop: &AtomicBool) -> bool {
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = crate::clock::now_ns();
+        if now >= deadline {
+            return true;
+        }
+        let left = (deadline - now).min(50_000_000);
+        std::thread::park_timeout(std::time::Duration::from_nanos(left));
+    }
+}

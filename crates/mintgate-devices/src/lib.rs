@@ -1,0 +1,37 @@
+//! Device Management and the direct path (SPEC sections 0 and 4).
+//!
+//! - [`driver`]: the [`Driver`] trait every device implements, and the
+//!   [`Running`] guard of a driver that produces events.
+//! - [`sim`]: simulated sensors (constant, sine, random walk, step, square,
+//!   replayed CSV) and a simulated actuator.
+//! - [`attr`]: sysfs-style attribute files (one number per file), read and
+//!   written either by reopening the file per access or through a file kept
+//!   open (`pread`/`pwrite`).
+//! - [`gpio`]: Linux GPIO character devices through `gpiocdev` (uAPI v2 edge
+//!   events with kernel timestamps; output lines).
+//! - [`manager`]: the finder/linker: devices declared in the config or added
+//!   through the API, started, looked up and removed at run time, each with
+//!   its latest value and a bounded history.
+//! - [`store`]: histories persisted in a directory of append-only record
+//!   files, so that a restart keeps them.
+//! - [`directpath`]: the link table, filters, outputs, lock-free ring and
+//!   high-priority worker of SPEC section 4.
+//!
+//! Nothing here knows about CoAP: the gateway turns devices into resources
+//! and plugs its Observe notifier into the hooks this crate offers.
+
+pub mod attr;
+pub mod clock;
+pub mod config;
+pub mod directpath;
+pub mod driver;
+pub mod gpio;
+pub mod history;
+pub mod manager;
+pub mod parse;
+pub mod sim;
+pub mod store;
+
+pub use config::{DeviceKind, DeviceSpec, DevicesConfig};
+pub use driver::{DeviceError, Direction, Driver, EventFn, Running};
+pub use manager::{Device, DeviceManager};

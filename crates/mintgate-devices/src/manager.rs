@@ -1,0 +1,791 @@
+//! The finder/linker: devices declared in the config or added through the
+//! API, each with its driver, its latest value and bounded history, and
+//! watchers (the gateway's Observe notifier); and the direct path's links,
+//! resolved from device names.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::attr::{AttrFile, AttrMode};
+use crate::config::{DeviceKind, DeviceSpec, DevicesConfig};
+use crate::directpath::output::{ActuatorOut, LogOut, NotifyOut};
+use crate::directpath::{
+    DirectPath, DirectPathConfig, Filter, LinkId, LinkSpec, OutputSink, OutputSpec,
+};
+use crate::driver::{DeviceError, Direction, Driver, Running};
+use crate::history::History;
+use crate::sim::{Signal, SimActuator, SimSensor};
+use crate::store::Store;
+
+/// Told of every new value of a device: (device name, value). Runs on the
+/// thread that produced the value (a driver's event thread, a CoAP handler
+/// writing an actuator, the direct path's worker); it must not block.
+pub type WatchFn = Arc<dyn Fn(&str, f64) + Send + Sync>;
+
+/// One device.
+pub struct Device {
+    spec: DeviceSpec,
+    input: u32,
+    driver: Arc<dyn Driver>,
+    history: History,
+    watchers: RwLock<Vec<(u64, WatchFn)>>,
+    next_watch: AtomicU64,
+    running: Mutex<Option<Running>>,
+    /// The history's update count already written to the store.
+    flushed: AtomicU64,
+}
+
+impl Device {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Its declaration.
+    pub fn spec(&self) -> &DeviceSpec {
+        &self.spec
+    }
+
+    /// Sensor or actuator.
+    pub fn direction(&self) -> Direction {
+        self.driver.direction()
+    }
+
+    /// The input id its events carry on the direct path.
+    pub fn input_id(&self) -> u32 {
+        self.input
+    }
+
+    /// Its driver.
+    pub fn driver(&self) -> &Arc<dyn Driver> {
+        &self.driver
+    }
+
+    /// Reads the device now (an actuator: the last value written).
+    pub fn read(&self) -> Result<f64, DeviceError> {
+        self.driver.read()
+    }
+
+    /// Writes an actuator and records the value.
+    pub fn write(&self, value: f64) -> Result<(), DeviceError> {
+        self.driver.write(value)?;
+        self.record(value);
+        Ok(())
+    }
+
+    /// Records a new value: history, then watchers.
+    pub fn record(&self, value: f64) {
+        self.history.push(value);
+        for (_, w) in self.watchers.read().iter() {
+            w(&self.spec.name, value);
+        }
+    }
+
+    /// The latest value and the bounded history.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Calls `f` with every new value; returns an id for [`Device::unwatch`].
+    pub fn watch(&self, f: WatchFn) -> u64 {
+        let id = self.next_watch.fetch_add(1, Ordering::Relaxed);
+        self.watchers.write().push((id, f));
+        id
+    }
+
+    /// Stops a watcher.
+    pub fn unwatch(&self, id: u64) {
+        self.watchers.write().retain(|(i, _)| *i != id);
+    }
+
+    fn stop(&self) {
+        let r = self.running.lock().take();
+        drop(r);
+    }
+}
+
+/// Names a link refers to, so that removing a device removes its links.
+struct LinkRefs {
+    names: Vec<String>,
+}
+
+type DeviceMap = Arc<RwLock<BTreeMap<String, Arc<Device>>>>;
+
+struct Inner {
+    devices: DeviceMap,
+    next_input: AtomicU32,
+    dp: DirectPath,
+    links: Mutex<HashMap<LinkId, LinkRefs>>,
+    store: Option<Store>,
+    /// The store's flusher (dropped, so stopped and joined, with the last
+    /// handle on the manager; it flushes once more as it stops).
+    _flusher: Option<Running>,
+}
+
+/// Writes every device's new history records to the store.
+fn flush(devices: &DeviceMap, store: &Store) {
+    for d in devices.read().values() {
+        let (new, now) = d.history.since(d.flushed.load(Ordering::Relaxed));
+        match store.append(d.name(), &new, d.history.capacity()) {
+            Ok(()) => d.flushed.store(now, Ordering::Relaxed),
+            Err(e) => tracing::warn!(device = d.name(), error = %e, "cannot persist the history"),
+        }
+    }
+}
+
+/// The device manager. Cloning shares it.
+#[derive(Clone)]
+pub struct DeviceManager {
+    inner: Arc<Inner>,
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn cfg_err(spec: &DeviceSpec, why: impl Into<String>) -> DeviceError {
+    DeviceError::Config {
+        name: spec.name.clone(),
+        why: why.into(),
+    }
+}
+
+fn period(spec: &DeviceSpec) -> Result<Option<Duration>, DeviceError> {
+    spec.period
+        .as_deref()
+        .map(|p| {
+            crate::parse::duration(p)
+                .map_err(|e| cfg_err(spec, format!("period: {e}")))
+                .and_then(|d| {
+                    if d < Duration::from_micros(100) {
+                        Err(cfg_err(spec, "period must be at least 100us"))
+                    } else {
+                        Ok(d)
+                    }
+                })
+        })
+        .transpose()
+}
+
+/// The finder: builds the driver a declaration asks for, checking that it
+/// sets what its kind needs and nothing that only other kinds use.
+pub fn build_driver(spec: &DeviceSpec) -> Result<Arc<dyn Driver>, DeviceError> {
+    if !crate::directpath::link::valid_name(&spec.name) {
+        return Err(cfg_err(spec, "a name is 1-32 of A-Z a-z 0-9 _ - ."));
+    }
+    let k = spec.kind;
+    for (set, field, kinds) in [
+        (
+            spec.signal.is_some(),
+            "signal",
+            &[DeviceKind::SimSensor][..],
+        ),
+        (
+            spec.path.is_some(),
+            "path",
+            &[DeviceKind::AttrSensor, DeviceKind::AttrActuator][..],
+        ),
+        (
+            spec.keep_open,
+            "keep_open",
+            &[DeviceKind::AttrSensor, DeviceKind::AttrActuator][..],
+        ),
+        (
+            spec.chip.is_some(),
+            "chip",
+            &[DeviceKind::GpioIn, DeviceKind::GpioOut][..],
+        ),
+        (
+            spec.line.is_some(),
+            "line",
+            &[DeviceKind::GpioIn, DeviceKind::GpioOut][..],
+        ),
+        (
+            spec.debounce.is_some(),
+            "debounce",
+            &[DeviceKind::GpioIn][..],
+        ),
+        (
+            spec.period.is_some(),
+            "period",
+            &[DeviceKind::SimSensor, DeviceKind::AttrSensor][..],
+        ),
+    ] {
+        if set && !kinds.contains(&k) {
+            return Err(cfg_err(
+                spec,
+                format!("`{field}` does not apply to a {k:?} device"),
+            ));
+        }
+    }
+    let need_path = || {
+        spec.path
+            .clone()
+            .ok_or_else(|| cfg_err(spec, "needs `path`"))
+    };
+    let mode = if spec.keep_open {
+        AttrMode::KeepOpen
+    } else {
+        AttrMode::Reopen
+    };
+    let gpio = || -> Result<(std::path::PathBuf, u32), DeviceError> {
+        let line = spec
+            .line
+            .as_ref()
+            .ok_or_else(|| cfg_err(spec, "needs `line` (an offset or a line name)"))?;
+        crate::gpio::resolve(spec.chip.as_deref(), line)
+    };
+    Ok(match k {
+        DeviceKind::SimSensor => {
+            let signal: Signal = spec
+                .signal
+                .as_deref()
+                .ok_or_else(|| cfg_err(spec, "needs `signal`, e.g. \"sine(22, 3, 60s)\""))?
+                .parse()
+                .map_err(|e: String| cfg_err(spec, format!("signal: {e}")))?;
+            let p = period(spec)?.unwrap_or(Duration::from_secs(1));
+            Arc::new(SimSensor::new(
+                signal,
+                p,
+                spec.seed.unwrap_or_else(|| fnv(&spec.name)),
+            )?)
+        }
+        DeviceKind::SimActuator => Arc::new(SimActuator::new()),
+        DeviceKind::AttrSensor => Arc::new(AttrFile::open(
+            need_path()?,
+            Direction::Sensor,
+            mode,
+            period(spec)?,
+        )?),
+        DeviceKind::AttrActuator => Arc::new(AttrFile::open(
+            need_path()?,
+            Direction::Actuator,
+            mode,
+            None,
+        )?),
+        DeviceKind::GpioIn => {
+            let (chip, off) = gpio()?;
+            let debounce = spec
+                .debounce
+                .as_deref()
+                .map(crate::parse::duration)
+                .transpose()
+                .map_err(|e| cfg_err(spec, format!("debounce: {e}")))?;
+            Arc::new(crate::gpio::GpioIn::open(&chip, off, debounce)?)
+        }
+        DeviceKind::GpioOut => {
+            let (chip, off) = gpio()?;
+            Arc::new(crate::gpio::GpioOut::open(&chip, off)?)
+        }
+    })
+}
+
+impl DeviceManager {
+    /// A manager with no devices, its direct path started with `dp`.
+    pub fn new(dp: &DirectPathConfig) -> Result<DeviceManager, DeviceError> {
+        DeviceManager::with_store(dp, None)
+    }
+
+    /// A manager whose device histories are loaded from and kept in
+    /// `store` (flushed every second by a thread of its own).
+    pub fn with_store(
+        dp: &DirectPathConfig,
+        store: Option<Store>,
+    ) -> Result<DeviceManager, DeviceError> {
+        let dp = DirectPath::start(dp).map_err(|source| DeviceError::Io {
+            what: "starting the direct path worker".into(),
+            source,
+        })?;
+        let devices: DeviceMap = Arc::default();
+        let flusher = match &store {
+            None => None,
+            Some(st) => {
+                let (devs, st) = (devices.clone(), st.clone());
+                Some(Running::spawn("history-store", move |stop| {
+                    let mut next = crate::clock::now_ns();
+                    loop {
+                        next += 1_000_000_000;
+                        let more = crate::driver::sleep_until(next, &stop);
+                        flush(&devs, &st);
+                        if !more {
+                            break;
+                        }
+                    }
+                })?)
+            }
+        };
+        Ok(DeviceManager {
+            inner: Arc::new(Inner {
+                devices,
+                next_input: AtomicU32::new(0),
+                dp,
+                links: Mutex::new(HashMap::new()),
+                store,
+                _flusher: flusher,
+            }),
+        })
+    }
+
+    /// A manager with the configured devices and links (and their
+    /// histories restored when `devices.store` is set).
+    pub fn start(
+        devices: &DevicesConfig,
+        dp: &DirectPathConfig,
+    ) -> Result<DeviceManager, DeviceError> {
+        let store = devices.store.as_ref().map(Store::open).transpose()?;
+        let m = DeviceManager::with_store(dp, store)?;
+        for spec in &devices.list {
+            m.add(spec.clone())?;
+        }
+        for l in &dp.links {
+            m.add_link(l).map_err(|why| DeviceError::Config {
+                name: "directpath.links".into(),
+                why: format!("`{l}`: {why}"),
+            })?;
+        }
+        Ok(m)
+    }
+
+    /// The direct path.
+    pub fn directpath(&self) -> &DirectPath {
+        &self.inner.dp
+    }
+
+    /// Adds and starts a device.
+    pub fn add(&self, spec: DeviceSpec) -> Result<Arc<Device>, DeviceError> {
+        if self.inner.devices.read().contains_key(&spec.name) {
+            return Err(DeviceError::Exists(spec.name));
+        }
+        let driver = build_driver(&spec)?;
+        let dev = Arc::new(Device {
+            input: self.inner.next_input.fetch_add(1, Ordering::Relaxed),
+            history: History::new(spec.history),
+            spec,
+            driver,
+            watchers: RwLock::new(Vec::new()),
+            next_watch: AtomicU64::new(1),
+            running: Mutex::new(None),
+            flushed: AtomicU64::new(0),
+        });
+        if let Some(st) = &self.inner.store {
+            for r in st.load(dev.name(), dev.history.capacity())? {
+                dev.history.push_at(r.unix_ms, r.value);
+            }
+            dev.flushed.store(dev.history.updates(), Ordering::Relaxed);
+        }
+        if dev.direction() == Direction::Sensor {
+            // the first value, so that a read-out and an observer have one
+            if let Ok(v) = dev.read() {
+                dev.history.push(v);
+            }
+        }
+        {
+            let mut devs = self.inner.devices.write();
+            if devs.contains_key(dev.name()) {
+                return Err(DeviceError::Exists(dev.name().to_string()));
+            }
+            devs.insert(dev.name().to_string(), dev.clone());
+        }
+        let inj = self.inner.dp.injector();
+        let weak: Weak<Device> = Arc::downgrade(&dev);
+        let input = dev.input;
+        let started = dev.driver.start(Arc::new(move |v, t| {
+            inj.push(input, v, t);
+            if let Some(d) = weak.upgrade() {
+                d.record(v);
+            }
+        }));
+        match started {
+            Ok(r) => *dev.running.lock() = r,
+            Err(e) => {
+                self.inner.devices.write().remove(dev.name());
+                return Err(e);
+            }
+        }
+        tracing::info!(device = dev.name(), kind = ?dev.spec.kind, "device added");
+        Ok(dev)
+    }
+
+    /// Stops and removes a device, and every link that names it.
+    pub fn remove(&self, name: &str) -> Result<Arc<Device>, DeviceError> {
+        let dev = self
+            .inner
+            .devices
+            .write()
+            .remove(name)
+            .ok_or_else(|| DeviceError::NotFound(name.to_string()))?;
+        let ids: Vec<LinkId> = {
+            let mut links = self.inner.links.lock();
+            let ids: Vec<LinkId> = links
+                .iter()
+                .filter(|(_, r)| r.names.iter().any(|n| n == name))
+                .map(|(id, _)| *id)
+                .collect();
+            for id in &ids {
+                links.remove(id);
+            }
+            ids
+        };
+        self.inner.dp.remove_links_where(|l| ids.contains(&l.id));
+        dev.stop();
+        tracing::info!(device = name, links_removed = ids.len(), "device removed");
+        Ok(dev)
+    }
+
+    /// The device called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<Device>> {
+        self.inner.devices.read().get(name).cloned()
+    }
+
+    /// Every device, by name.
+    pub fn list(&self) -> Vec<Arc<Device>> {
+        self.inner.devices.read().values().cloned().collect()
+    }
+
+    /// Adds a link written in the link syntax; returns its id.
+    pub fn add_link(&self, text: &str) -> Result<LinkId, String> {
+        let spec: LinkSpec = text.parse()?;
+        let filters = spec
+            .filters
+            .iter()
+            .cloned()
+            .map(Filter::spec)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.add_link_with(&spec.input, filters, &spec.outputs)
+    }
+
+    /// Adds a link with filters built in Rust (callbacks among them).
+    pub fn add_link_with(
+        &self,
+        input: &str,
+        filters: Vec<Filter>,
+        outputs: &[OutputSpec],
+    ) -> Result<LinkId, String> {
+        let dev = self
+            .get(input)
+            .ok_or_else(|| format!("no device named `{input}`"))?;
+        if outputs.is_empty() {
+            return Err("a link needs at least one output".into());
+        }
+        let mut names = vec![input.to_string()];
+        let mut sinks: Vec<Arc<dyn OutputSink>> = Vec::new();
+        for o in outputs {
+            sinks.push(match o {
+                OutputSpec::Actuator(n) => {
+                    let a = self
+                        .get(n)
+                        .ok_or_else(|| format!("no device named `{n}`"))?;
+                    if a.direction() != Direction::Actuator {
+                        return Err(format!("`{n}` is a sensor, not an actuator"));
+                    }
+                    names.push(n.clone());
+                    let weak = Arc::downgrade(&a);
+                    Arc::new(ActuatorOut {
+                        name: n.clone(),
+                        driver: a.driver.clone(),
+                        after: Some(Arc::new(move |v| {
+                            if let Some(d) = weak.upgrade() {
+                                d.record(v);
+                            }
+                        })),
+                    })
+                }
+                OutputSpec::Notify(n) => {
+                    if self.get(n).is_none() {
+                        return Err(format!("no device named `{n}`"));
+                    }
+                    names.push(n.clone());
+                    Arc::new(NotifyOut {
+                        name: n.clone(),
+                        hook: self.inner.dp.notify_slot(),
+                    })
+                }
+                OutputSpec::Log => Arc::new(LogOut {
+                    input: input.to_string(),
+                }),
+                OutputSpec::Custom { kind, arg } => self.inner.dp.custom_output(kind, arg)?,
+            });
+        }
+        let text = LinkSpec {
+            input: input.to_string(),
+            filters: Vec::new(),
+            outputs: outputs.to_vec(),
+        }
+        .to_string();
+        // the listing shows every filter, callbacks included
+        let text = match text.split_once(" ->") {
+            Some((i, o)) => {
+                let f: String = filters.iter().map(|f| format!(" | {f}")).collect();
+                format!("{i}{f} ->{o}")
+            }
+            None => text,
+        };
+        // hold the link registry while adding, so a concurrent remove of
+        // one of the names either sees this link or runs before the check
+        let mut links = self.inner.links.lock();
+        if names.iter().any(|n| self.get(n).is_none()) {
+            return Err("a device of the link was removed meanwhile".into());
+        }
+        let id = self.inner.dp.add_link(dev.input, text, filters, sinks);
+        links.insert(id, LinkRefs { names });
+        Ok(id)
+    }
+
+    /// Removes a link; returns whether it existed.
+    pub fn remove_link(&self, id: LinkId) -> bool {
+        self.inner.links.lock().remove(&id);
+        self.inner.dp.remove_link(id)
+    }
+
+    /// Every link: (id, text).
+    pub fn links(&self) -> Vec<(LinkId, String)> {
+        self.inner
+            .dp
+            .links()
+            .iter()
+            .map(|l| (l.id, l.text.clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn manager() -> DeviceManager {
+        DeviceManager::new(&DirectPathConfig {
+            priority: 0,
+            ..DirectPathConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn wait_for(mut f: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    #[test]
+    fn default_config_gives_a_sensor_and_an_actuator() {
+        let m =
+            DeviceManager::start(&DevicesConfig::default(), &DirectPathConfig::default()).unwrap();
+        let t = m.get("temp0").unwrap();
+        assert_eq!(t.direction(), Direction::Sensor);
+        let v = t.read().unwrap();
+        assert!((19.0..=25.0).contains(&v), "{v}");
+        assert!(t.history().latest().is_some());
+        let l = m.get("led0").unwrap();
+        l.write(1.0).unwrap();
+        assert_eq!(l.read().unwrap(), 1.0);
+        assert_eq!(l.history().latest(), Some(1.0));
+        assert!(t.write(1.0).is_err());
+    }
+
+    #[test]
+    fn a_link_drives_an_actuator_from_a_ticking_sensor() {
+        let m = manager();
+        let mut s = DeviceSpec::new("sq", DeviceKind::SimSensor);
+        s.signal = Some("square(0, 30, 40ms)".into());
+        s.period = Some("2ms".into());
+        m.add(s).unwrap();
+        m.add(DeviceSpec::new("fan", DeviceKind::SimActuator))
+            .unwrap();
+        let heard = Arc::new(AtomicU32::new(0));
+        let h = heard.clone();
+        m.get("fan").unwrap().watch(Arc::new(move |n, _| {
+            assert_eq!(n, "fan");
+            h.fetch_add(1, Ordering::Relaxed);
+        }));
+        let id = m
+            .add_link("sq | threshold(25, 5) -> actuator(fan), log")
+            .unwrap();
+        assert_eq!(
+            m.links(),
+            vec![(
+                id,
+                "sq | threshold(25.0, 5.0) -> actuator(fan), log".to_string()
+            )]
+        );
+        let fan = m.get("fan").unwrap();
+        assert!(
+            wait_for(|| fan.history().updates() >= 4),
+            "the fan switched on and off"
+        );
+        let recs = fan.history().records(100);
+        assert!(
+            recs.windows(2).all(|w| w[0].value != w[1].value),
+            "threshold emits transitions only: {recs:?}"
+        );
+        assert!(heard.load(Ordering::Relaxed) >= 4);
+        // removing the sensor removes the link
+        m.remove("sq").unwrap();
+        assert!(m.links().is_empty());
+        assert!(m.get("sq").is_none());
+        let n = fan.history().updates();
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(fan.history().updates(), n, "nothing fires after removal");
+    }
+
+    #[test]
+    fn callbacks_and_errors() {
+        let m = manager();
+        let mut s = DeviceSpec::new("t", DeviceKind::SimSensor);
+        s.signal = Some("constant(4)".into());
+        s.period = Some("1ms".into());
+        m.add(s.clone()).unwrap();
+        m.add(DeviceSpec::new("a", DeviceKind::SimActuator))
+            .unwrap();
+        let f = Filter::callback("half", |v, _| Some(v / 2.0));
+        m.add_link_with("t", vec![f], &[OutputSpec::Actuator("a".into())])
+            .unwrap();
+        let a = m.get("a").unwrap();
+        assert!(wait_for(|| a.history().latest() == Some(2.0)));
+        assert!(m.links()[0].1.contains("callback(half)"));
+        for (link, why) in [
+            ("nope -> log", "no device named `nope`"),
+            ("t -> actuator(t)", "is a sensor"),
+            ("t -> actuator(zz)", "no device named `zz`"),
+            ("t -> notify(zz)", "no device named `zz`"),
+            ("t -> mqtt(x)", "no output kind `mqtt`"),
+            ("t | bogus(1) -> log", "unknown filter"),
+        ] {
+            let e = m.add_link(link).unwrap_err();
+            assert!(e.contains(why), "{link}: {e}");
+        }
+        assert!(matches!(m.add(s), Err(DeviceError::Exists(_))));
+        assert!(matches!(m.remove("zz"), Err(DeviceError::NotFound(_))));
+        let mut bad = DeviceSpec::new("b", DeviceKind::SimSensor);
+        for (mutate, why) in [
+            (
+                Box::new(|_: &mut DeviceSpec| {}) as Box<dyn Fn(&mut DeviceSpec)>,
+                "needs `signal`",
+            ),
+            (
+                Box::new(|s: &mut DeviceSpec| s.signal = Some("sine(1)".into())),
+                "signal: `sine` takes 3",
+            ),
+            (
+                Box::new(|s: &mut DeviceSpec| {
+                    s.signal = Some("constant(1)".into());
+                    s.chip = Some("x".into())
+                }),
+                "`chip` does not apply",
+            ),
+            (
+                Box::new(|s: &mut DeviceSpec| {
+                    s.chip = None;
+                    s.period = Some("1us".into())
+                }),
+                "at least 100us",
+            ),
+            (
+                Box::new(|s: &mut DeviceSpec| {
+                    s.period = None;
+                    s.name = "a b".into()
+                }),
+                "a name is",
+            ),
+            (
+                Box::new(|s: &mut DeviceSpec| {
+                    s.name = "g".into();
+                    s.signal = None;
+                    s.kind = DeviceKind::GpioIn
+                }),
+                "needs `line`",
+            ),
+            (
+                Box::new(|s: &mut DeviceSpec| s.kind = DeviceKind::AttrSensor),
+                "needs `path`",
+            ),
+        ] {
+            mutate(&mut bad);
+            let e = m.add(bad.clone()).err().unwrap().to_string();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn histories_survive_a_restart() {
+        let dir = std::env::temp_dir().join(format!("mintgate-mgr-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = |d: &std::path::Path, period: &str| {
+            let mut s = DeviceSpec::new("w", DeviceKind::SimSensor);
+            s.signal = Some("walk(0, 1, -50, 50)".into());
+            s.period = Some(period.into());
+            s.history = 50;
+            DevicesConfig {
+                list: vec![s],
+                store: Some(d.to_path_buf()),
+            }
+        };
+        let dp = DirectPathConfig {
+            priority: 0,
+            ..DirectPathConfig::default()
+        };
+        let m = DeviceManager::start(&cfg(&dir, "2ms"), &dp).unwrap();
+        let w = m.get("w").unwrap();
+        assert!(wait_for(|| w.history().updates() >= 80));
+        drop(w);
+        drop(m); // the flusher writes what is left as it stops
+        let on_disk = crate::store::Store::open(&dir)
+            .unwrap()
+            .load("w", 50)
+            .unwrap();
+        assert_eq!(on_disk.len(), 50);
+        // slow sampling now: only the first reading joins the restored ones
+        let m = DeviceManager::start(&cfg(&dir, "10s"), &dp).unwrap();
+        let w = m.get("w").unwrap();
+        m.remove("w").unwrap(); // stop sampling, to compare what was loaded
+        let back = w.history().records(usize::MAX);
+        // the restored records, then the few fresh samples taken since,
+        // which pushed as many of the oldest out
+        let fresh = (w.history().updates() as usize - 50).min(back.len());
+        let restored = &back[..back.len() - fresh];
+        assert_eq!(fresh, 1, "the first reading at start");
+        assert_eq!(restored.len(), 49);
+        assert_eq!(restored, &on_disk[on_disk.len() - restored.len()..]);
+        assert!(back.windows(2).all(|p| p[0].unix_ms <= p[1].unix_ms));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn attribute_files_as_devices() {
+        let d = std::env::temp_dir().join(format!("mintgate-mgr-attr-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("in"), "0\n").unwrap();
+        std::fs::write(d.join("out"), "0\n").unwrap();
+        let m = manager();
+        let mut i = DeviceSpec::new("button", DeviceKind::AttrSensor);
+        i.path = Some(d.join("in"));
+        i.period = Some("1ms".into());
+        m.add(i).unwrap();
+        let mut o = DeviceSpec::new("lamp", DeviceKind::AttrActuator);
+        o.path = Some(d.join("out"));
+        o.keep_open = true;
+        m.add(o).unwrap();
+        m.add_link("button | expr(1 - x) -> actuator(lamp)")
+            .unwrap();
+        std::fs::write(d.join("in"), "1\n").unwrap();
+        let lamp = m.get("lamp").unwrap();
+        assert!(wait_for(|| lamp.history().latest() == Some(0.0)));
+        assert_eq!(std::fs::read_to_string(d.join("out")).unwrap(), "0\n");
+        std::fs::write(d.join("in"), "0\n").unwrap();
+        assert!(wait_for(|| lamp.history().latest() == Some(1.0)));
+        assert_eq!(std::fs::read_to_string(d.join("out")).unwrap(), "1\n");
+        drop(m);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

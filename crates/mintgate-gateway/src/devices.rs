@@ -1,0 +1,453 @@
+//! Devices as CoAP resources (Device Management meets the Interaction
+//! layer), and the `/links` resource that manages the direct path.
+//!
+//! | path | methods | what |
+//! |---|---|---|
+//! | `/sensors/NAME` | GET (observable) | the value now, `text/plain` (`22.513`), or JSON with `Accept: 50` |
+//! | `/actuators/NAME` | GET (observable), PUT | the last value written; PUT a number (or `on`/`off`) to set it |
+//! | `/sensors/NAME/history`, `/actuators/NAME/history` | GET | the bounded history as CSV `unix_ms,value`, block-wise (Block2) when large |
+//! | `/links` | GET, POST, DELETE | the direct path's links, one `ID: LINK` per line; POST a link (`temp0 \| threshold(25, 23) -> actuator(led0)`) to add it (2.01, payload the id); DELETE `?id=N` to remove one |
+//!
+//! Observers of a device's resource are notified whenever the device
+//! records a value different from the last one notified (a sensor's
+//! sample, an edge, an actuator write from CoAP or from the direct path),
+//! and when a link's `notify(NAME)` output fires.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use mintgate_coap::server::block::respond_block2;
+use mintgate_coap::server::{PathTaken, Request, Resource, ResponseBuilder};
+use mintgate_coap::wire::{Code, ContentFormat, OptionNumber};
+use mintgate_devices::{Device, DeviceError, DeviceManager, DeviceSpec, Direction};
+
+use crate::observe::Notifier;
+use crate::pipeline::Gateway;
+
+/// Why devices could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceHostError {
+    /// A device or link could not be set up.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A device's resource path is taken.
+    #[error(transparent)]
+    Path(#[from] PathTaken),
+}
+
+/// The CoAP path of a device: `sensors/NAME` or `actuators/NAME`.
+pub fn resource_path(dev: &Device) -> String {
+    match dev.direction() {
+        Direction::Sensor => format!("sensors/{}", dev.name()),
+        Direction::Actuator => format!("actuators/{}", dev.name()),
+    }
+}
+
+/// A value as text: integers without a fraction, others with at most 3
+/// decimals (`22.513`, `1`, `-0.5`).
+pub fn fmt_value(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        return format!("{}", v as i64);
+    }
+    let s = format!("{v:.3}");
+    match s.trim_end_matches('0').trim_end_matches('.') {
+        "-0" => "0".to_string(),
+        t => t.to_string(),
+    }
+}
+
+/// Parses what a PUT to an actuator carries.
+pub fn parse_put(payload: &[u8]) -> Result<f64, String> {
+    let s = std::str::from_utf8(payload)
+        .map_err(|_| "the payload is not UTF-8 text".to_string())?
+        .trim();
+    match s.to_ascii_lowercase().as_str() {
+        "on" | "true" => return Ok(1.0),
+        "off" | "false" => return Ok(0.0),
+        _ => {}
+    }
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!(
+            "expected a number, on or off, got `{}`",
+            s.chars().take(20).collect::<String>()
+        )),
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c if (c as u32) < 0x20 => vec![' '],
+            c => vec![c],
+        })
+        .collect()
+}
+
+fn write_value(dev: &Device, req: &Request<'_>, rb: &mut ResponseBuilder, v: f64) {
+    let accept = req
+        .option(OptionNumber::ACCEPT)
+        .and_then(|o| o.uint())
+        .map(|v| ContentFormat(v as u16));
+    match accept {
+        None | Some(ContentFormat::TEXT_PLAIN) => {
+            rb.content_format(ContentFormat::TEXT_PLAIN)
+                .write(fmt_value(v).as_bytes());
+        }
+        Some(ContentFormat::JSON) => {
+            let unit = dev
+                .spec()
+                .unit
+                .as_deref()
+                .map(|u| format!(",\"u\":\"{}\"", json_escape(u)))
+                .unwrap_or_default();
+            let body = format!(
+                "{{\"n\":\"{}\",\"v\":{}{unit},\"t\":{}}}",
+                json_escape(dev.name()),
+                fmt_value(v),
+                dev.history().records(1).first().map_or(0, |r| r.unix_ms)
+            );
+            rb.content_format(ContentFormat::JSON)
+                .write(body.as_bytes());
+        }
+        Some(_) => {
+            rb.set_code(Code::NOT_ACCEPTABLE);
+        }
+    }
+}
+
+fn device_error(rb: &mut ResponseBuilder, e: &DeviceError) {
+    rb.set_code(Code::SERVICE_UNAVAILABLE)
+        .content_format(ContentFormat::TEXT_PLAIN)
+        .write(e.to_string().as_bytes());
+}
+
+/// The resource of one device.
+pub fn device_resource(dev: &Arc<Device>) -> Resource {
+    let path = resource_path(dev);
+    let d = dev.clone();
+    let rt = dev.spec().rt.clone().unwrap_or_else(|| {
+        match dev.direction() {
+            Direction::Sensor => "mintgate.sensor",
+            Direction::Actuator => "mintgate.actuator",
+        }
+        .to_string()
+    });
+    let mut r = Resource::new(&path)
+        .get(move |req, rb| match d.read() {
+            Ok(v) => write_value(&d, req, rb, v),
+            Err(e) => device_error(rb, &e),
+        })
+        .attr("rt", &rt)
+        .attr(
+            "if",
+            match dev.direction() {
+                Direction::Sensor => "core.s",
+                Direction::Actuator => "core.a",
+            },
+        )
+        .attr("ct", "0 50")
+        .flag("obs");
+    if let Some(u) = &dev.spec().unit {
+        r = r.attr("title", &format!("{} ({u})", dev.name()));
+    }
+    if dev.direction() == Direction::Actuator {
+        let d = dev.clone();
+        r = r
+            .put(move |req, rb| match parse_put(req.payload()) {
+                Ok(v) => match d.write(v) {
+                    Ok(()) => {
+                        rb.set_code(Code::CHANGED);
+                    }
+                    Err(e) => device_error(rb, &e),
+                },
+                Err(why) => {
+                    rb.set_code(Code::BAD_REQUEST)
+                        .content_format(ContentFormat::TEXT_PLAIN)
+                        .write(why.as_bytes());
+                }
+            })
+            .accepts(&[ContentFormat::TEXT_PLAIN]);
+    }
+    r
+}
+
+/// The history resource of one device: CSV, block-wise when large.
+pub fn history_resource(dev: &Arc<Device>, max_block: usize) -> Resource {
+    let d = dev.clone();
+    Resource::new(&format!("{}/history", resource_path(dev)))
+        .get(move |req, rb| {
+            let mut body = String::from("unix_ms,value\n");
+            for r in d.history().records(usize::MAX) {
+                body.push_str(&format!("{},{}\n", r.unix_ms, fmt_value(r.value)));
+            }
+            rb.content_format(ContentFormat::TEXT_PLAIN);
+            respond_block2(req, rb, body.as_bytes(), max_block);
+        })
+        .attr("rt", "mintgate.history")
+        .attr("ct", "0")
+        .attr("sz", &(dev.history().capacity() * 24).to_string())
+}
+
+/// `/links`: list, add and remove the direct path's links.
+pub fn links_resource(m: &DeviceManager, max_block: usize) -> Resource {
+    let (g, p, d) = (m.clone(), m.clone(), m.clone());
+    Resource::new("links")
+        .get(move |req, rb| {
+            let mut body = String::new();
+            for (id, text) in g.links() {
+                body.push_str(&format!("{id}: {text}\n"));
+            }
+            rb.content_format(ContentFormat::TEXT_PLAIN);
+            respond_block2(req, rb, body.as_bytes(), max_block);
+        })
+        .post(move |req, rb| {
+            let text = match std::str::from_utf8(req.payload()) {
+                Ok(t) => t.trim(),
+                Err(_) => {
+                    rb.set_code(Code::BAD_REQUEST)
+                        .write(b"the payload is not UTF-8 text");
+                    return;
+                }
+            };
+            match p.add_link(text) {
+                Ok(id) => {
+                    rb.set_code(Code::CREATED)
+                        .content_format(ContentFormat::TEXT_PLAIN)
+                        .write(id.to_string().as_bytes());
+                }
+                Err(why) => {
+                    rb.set_code(Code::BAD_REQUEST)
+                        .content_format(ContentFormat::TEXT_PLAIN)
+                        .write(why.as_bytes());
+                }
+            }
+        })
+        .delete(move |req, rb| {
+            let id = req
+                .query()
+                .find_map(|q| q.strip_prefix("id="))
+                .and_then(|v| v.parse::<u64>().ok());
+            match id {
+                None => {
+                    rb.set_code(Code::BAD_REQUEST)
+                        .write(b"give the link as ?id=N");
+                }
+                Some(id) if d.remove_link(id) => {
+                    rb.set_code(Code::DELETED);
+                }
+                Some(_) => {
+                    rb.set_code(Code::NOT_FOUND);
+                }
+            }
+        })
+        .accepts(&[ContentFormat::TEXT_PLAIN])
+        .attr("rt", "mintgate.links")
+        .attr("ct", "0")
+}
+
+/// The direct path's counters and latency quantiles, and the device count,
+/// in the Prometheus text format.
+pub fn render_metrics(m: &DeviceManager, out: &mut String) {
+    use std::fmt::Write as _;
+    let dp = m.directpath();
+    let s = dp.snapshot();
+    let st = dp.stats();
+    let mut one = |name: &str, kind: &str, help: &str, v: f64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    };
+    one(
+        "mintgate_devices",
+        "gauge",
+        "Devices managed now.",
+        m.list().len() as f64,
+    );
+    one(
+        "mintgate_directpath_links",
+        "gauge",
+        "Direct path links now.",
+        m.links().len() as f64,
+    );
+    for (name, help, v) in [
+        (
+            "pushed",
+            "Events offered to the direct path's ring.",
+            s.pushed,
+        ),
+        (
+            "overflow",
+            "Events dropped because the ring was full.",
+            s.overflow,
+        ),
+        (
+            "processed",
+            "Events the worker took from the ring.",
+            s.processed,
+        ),
+        ("unlinked", "Events whose input has no link.", s.unlinked),
+        (
+            "passed",
+            "(event, link) pairs that passed every filter.",
+            s.passed,
+        ),
+        (
+            "filtered",
+            "(event, link) pairs a filter stopped.",
+            s.filtered,
+        ),
+        ("fired", "Outputs fired.", s.fired),
+        ("output_errors", "Outputs that failed.", s.output_errors),
+        ("parks", "Times the worker went to sleep.", s.parks),
+    ] {
+        one(
+            &format!("mintgate_directpath_{name}_total"),
+            "counter",
+            help,
+            v as f64,
+        );
+    }
+    for (name, help, h) in [
+        (
+            "worker",
+            "Event in hand to outputs done, inside the worker.",
+            &st.worker_ns,
+        ),
+        (
+            "e2e",
+            "Event entering the ring to outputs done.",
+            &st.e2e_ns,
+        ),
+        (
+            "source",
+            "Event sensed (e.g. GPIO edge timestamp) to outputs done.",
+            &st.source_ns,
+        ),
+    ] {
+        let n = format!("mintgate_directpath_{name}_latency_seconds");
+        let _ = writeln!(
+            out,
+            "# HELP {n} {help} (log-linear histogram, 12.5 % buckets)\n# TYPE {n} summary"
+        );
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let _ = writeln!(
+                out,
+                "{n}{{quantile=\"{q}\"}} {}",
+                h.quantile(q) as f64 * 1e-9
+            );
+        }
+        let _ = writeln!(out, "{n}_sum {}", h.mean() * h.count() as f64 * 1e-9);
+        let _ = writeln!(out, "{n}_count {}", h.count());
+    }
+}
+
+/// The devices of a running gateway, served as resources.
+pub struct DeviceHost {
+    manager: DeviceManager,
+    notifier: Notifier,
+    max_block: usize,
+}
+
+impl DeviceHost {
+    /// Creates the configured devices and links and serves them on `gw`.
+    pub fn start(cfg: &crate::Config, gw: &Gateway) -> Result<DeviceHost, DeviceHostError> {
+        let manager = DeviceManager::start(&cfg.devices, &cfg.directpath)?;
+        DeviceHost::attach(manager, gw, cfg.coap.max_payload)
+    }
+
+    /// Serves the devices of `manager` on `gw` (responses of at most
+    /// `max_payload` bytes: larger ones go block-wise).
+    pub fn attach(
+        manager: DeviceManager,
+        gw: &Gateway,
+        max_payload: usize,
+    ) -> Result<DeviceHost, DeviceHostError> {
+        let notifier = gw.notifier();
+        let n = notifier.clone();
+        manager
+            .directpath()
+            .set_notify_hook(Arc::new(move |name: &str, _| {
+                n.notify(&format!("sensors/{name}"));
+                n.notify(&format!("actuators/{name}"));
+            }));
+        let host = DeviceHost {
+            manager,
+            notifier,
+            max_block: max_payload.clamp(16, 1024),
+        };
+        for dev in host.manager.list() {
+            host.serve(gw, &dev)?;
+        }
+        gw.add_resource(links_resource(&host.manager, host.max_block))?;
+        let m = host.manager.clone();
+        gw.add_metrics_source(Arc::new(move |out: &mut String| render_metrics(&m, out)));
+        Ok(host)
+    }
+
+    fn serve(&self, gw: &Gateway, dev: &Arc<Device>) -> Result<(), DeviceHostError> {
+        gw.add_resource(device_resource(dev))?;
+        if let Err(e) = gw.add_resource(history_resource(dev, self.max_block)) {
+            gw.remove_resource(&resource_path(dev));
+            return Err(e.into());
+        }
+        let n = self.notifier.clone();
+        let path = resource_path(dev);
+        let last = AtomicU64::new(f64::NAN.to_bits());
+        dev.watch(Arc::new(move |_, v| {
+            if last.swap(v.to_bits(), Ordering::Relaxed) != v.to_bits() {
+                n.notify(&path);
+            }
+        }));
+        Ok(())
+    }
+
+    /// Adds a device while running and serves it.
+    pub fn add_device(
+        &self,
+        gw: &Gateway,
+        spec: DeviceSpec,
+    ) -> Result<Arc<Device>, DeviceHostError> {
+        let dev = self.manager.add(spec)?;
+        if let Err(e) = self.serve(gw, &dev) {
+            let _ = self.manager.remove(dev.name());
+            return Err(e);
+        }
+        Ok(dev)
+    }
+
+    /// Removes a device, its resources (observers get 4.04) and its links.
+    pub fn remove_device(&self, gw: &Gateway, name: &str) -> Result<(), DeviceHostError> {
+        let dev = self.manager.remove(name)?;
+        let path = resource_path(&dev);
+        gw.remove_resource(&format!("{path}/history"));
+        gw.remove_resource(&path);
+        Ok(())
+    }
+
+    /// The device manager (devices, links, direct path).
+    pub fn manager(&self) -> &DeviceManager {
+        &self.manager
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_and_puts() {
+        assert_eq!(fmt_value(22.51349), "22.513");
+        assert_eq!(fmt_value(1.0), "1");
+        assert_eq!(fmt_value(-0.5), "-0.5");
+        assert_eq!(fmt_value(0.0001), "0");
+        assert_eq!(parse_put(b" 2.5\n"), Ok(2.5));
+        assert_eq!(parse_put(b"ON"), Ok(1.0));
+        assert_eq!(parse_put(b"off"), Ok(0.0));
+        assert!(parse_put(b"nan").unwrap_err().contains("expected a number"));
+        assert!(parse_put(&[0xff]).is_err());
+    }
+}
