@@ -339,6 +339,47 @@ mod tests {
     }
 
     #[test]
+    fn reclaimer_frees_cached_blocks_on_exhaustion_once() {
+        use std::sync::{Arc, Mutex};
+        let p = pool();
+        // A cache holding every 256-byte block, and a reclaimer that empties it.
+        let cache: Arc<Mutex<Vec<Block>>> = Arc::default();
+        for _ in 0..2 {
+            cache
+                .lock()
+                .unwrap()
+                .push(p.alloc(Layer::Coap, 200, 0).unwrap().freeze());
+        }
+        assert!(p.alloc(Layer::Coap, 200, 0).is_err(), "no reclaimer yet");
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (c2, k2, p2) = (cache.clone(), calls.clone(), p.clone());
+        p.set_reclaimer(move || {
+            k2.fetch_add(1, Ordering::Relaxed);
+            // an allocation from inside the reclaimer fails, never recurses
+            assert!(p2.alloc(Layer::Coap, 200, 0).is_err());
+            let mut c = c2.lock().unwrap();
+            let n = c.len().min(1);
+            let keep = c.len() - n;
+            c.truncate(keep);
+            n
+        });
+        let got = p.alloc(Layer::Coap, 200, 0).expect("one block reclaimed");
+        assert_eq!(
+            (calls.load(Ordering::Relaxed), cache.lock().unwrap().len()),
+            (1, 1)
+        );
+        let _second = p
+            .alloc(Layer::Coap, 200, 0)
+            .expect("the last one reclaimed");
+        assert!(
+            p.alloc(Layer::Coap, 200, 0).is_err(),
+            "nothing left to reclaim"
+        );
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+        drop(got);
+    }
+
+    #[test]
     fn uncounted_blocks_count_only_when_told() {
         let p = pool();
         let spare = p.alloc_uncounted(10, 0).unwrap();

@@ -3,7 +3,7 @@
 use std::cell::UnsafeCell;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::account::{Accounting, Layer};
 use crate::block::BlockMut;
@@ -166,9 +166,19 @@ impl Partition {
     }
 }
 
+/// Gives blocks back to the pool on demand; returns how many it released.
+type Reclaimer = Box<dyn Fn() -> usize + Send + Sync>;
+
 pub(crate) struct PoolInner {
     pub(crate) parts: Box<[Partition]>,
     pub(crate) account: Accounting,
+    reclaim: OnceLock<Reclaimer>,
+}
+
+thread_local! {
+    /// Set while this thread runs the reclaimer, so that an allocation made
+    /// from inside it fails instead of recursing.
+    static RECLAIMING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A set of fixed-block partitions. Cheap to clone (one `Arc`).
@@ -199,6 +209,7 @@ impl Pool {
             inner: Arc::new(PoolInner {
                 parts: cfgs.into_iter().map(Partition::new).collect(),
                 account: Accounting::default(),
+                reclaim: OnceLock::new(),
             }),
         }
     }
@@ -230,7 +241,34 @@ impl Pool {
         self.take(min_size, headroom)
     }
 
+    /// Installs what the pool calls when no block fits a request: an owner
+    /// of cached blocks (e.g. a de-duplication cache) releases some, and the
+    /// allocation is tried once more. It runs on the allocating thread, so it
+    /// must never wait for a lock an allocating thread may hold (use
+    /// `try_lock`). Only the first call has an effect.
+    pub fn set_reclaimer(&self, f: impl Fn() -> usize + Send + Sync + 'static) {
+        let _ = self.inner.reclaim.set(Box::new(f));
+    }
+
     fn take(&self, min_size: usize, headroom: usize) -> Result<BlockMut, Exhausted> {
+        match self.try_take(min_size, headroom) {
+            Err(e) => match self.inner.reclaim.get() {
+                Some(f) if !RECLAIMING.with(|r| r.replace(true)) => {
+                    let freed = f();
+                    RECLAIMING.with(|r| r.set(false));
+                    if freed > 0 {
+                        self.try_take(min_size, headroom)
+                    } else {
+                        Err(e)
+                    }
+                }
+                _ => Err(e),
+            },
+            ok => ok,
+        }
+    }
+
+    fn try_take(&self, min_size: usize, headroom: usize) -> Result<BlockMut, Exhausted> {
         let need = min_size.max(headroom);
         for (p, part) in self.inner.parts.iter().enumerate() {
             if part.block_size < need {

@@ -115,9 +115,15 @@ impl Shared {
 
     /// Gives back buffers held by cached responses (oldest first) after an
     /// allocation failed; returns how many entries went. The cache is the
-    /// only holder of blocks that can let go on demand.
+    /// only holder of blocks that can let go on demand. The pool calls this
+    /// on the allocating thread, which may hold a shard's lock: shards that
+    /// are busy are skipped, never waited for.
     fn reclaim(&self) -> usize {
-        let freed: usize = self.dedup.iter().map(|d| d.lock().evict(EVICT_CHUNK)).sum();
+        let freed: usize = self
+            .dedup
+            .iter()
+            .filter_map(|d| d.try_lock().map(|mut d| d.evict(EVICT_CHUNK)))
+            .sum();
         self.counters.dedup_evicted.fetch_add(freed as u64, Relaxed);
         freed
     }
@@ -176,6 +182,12 @@ impl Gateway {
             metrics_sources: RwLock::new(Vec::new()),
             cfg,
         });
+        {
+            let weak = Arc::downgrade(&shared);
+            shared
+                .pool
+                .set_reclaimer(move || weak.upgrade().map_or(0, |sh| sh.reclaim()));
+        }
         // The pool is created after the observer (whose baseline must come
         // before any traffic), so the controller finds it through a cell.
         let manager = ThreadPoolManager::with_defaults();
@@ -529,12 +541,9 @@ impl Receiver {
             if !blocking {
                 return 0;
             }
-            // Pool exhausted. Cached responses may be what holds the blocks:
-            // give some back so that receiving can go on, then shed one
-            // datagram so the socket drains visibly.
-            if sh.reclaim() > 0 {
-                return 0;
-            }
+            // Pool exhausted, even after the pool asked the de-duplication
+            // cache to give blocks back: shed one datagram so the socket
+            // drains visibly.
             if sock.recv_from(&mut self.scratch).is_ok() {
                 c.nr_datagrams.fetch_add(1, Relaxed);
                 c.nr_dropped.fetch_add(1, Relaxed);
@@ -767,9 +776,6 @@ fn handler_loop(sh: &Shared, w: &Worker) {
                 packet: &p,
             };
             let mut handled = process_request(&router, &sh.pool, &req, 64, max_payload);
-            if matches!(handled, Handled::Exhausted) && sh.reclaim() > 0 {
-                handled = process_request(&router, &sh.pool, &req, 64, max_payload);
-            }
             if let Handled::Respond(rb) = &mut handled {
                 observe_on_request(sh, &router, &req, job.listener, rb);
             }
@@ -782,7 +788,6 @@ fn handler_loop(sh: &Shared, w: &Worker) {
             let answer = match handled {
                 Handled::Respond(rb) => finish_response(&sh.pool, rb, ty, mid, p.token()),
                 Handled::Silent => Answer::Silent,
-                Handled::Exhausted => Answer::Exhausted,
             };
             match answer {
                 Answer::Send(o) => {
@@ -998,7 +1003,7 @@ fn notify_path(sh: &Shared, router: &Router, path: &str, sbs: &mut [SendBatch]) 
         let Handled::Respond(mut rb) =
             process_request(router, &sh.pool, &req, 64, sh.cfg.coap.max_payload)
         else {
-            continue; // no block free: the next change notifies again
+            continue; // silent (cannot happen for a GET that registered)
         };
         let ok = rb.code() == Code::CONTENT;
         if ok {

@@ -140,7 +140,7 @@ mod tests {
             peer: "127.0.0.1:1".parse().unwrap(),
             packet: &p,
         };
-        let mut rb = ResponseBuilder::alloc(pool, 1100).unwrap();
+        let mut rb = ResponseBuilder::in_pool(pool, 1100);
         respond_block2(&req, &mut rb, body, max);
         let code = rb.code();
         let o = rb.finish(MessageType::Ack, 1, b"t").unwrap();

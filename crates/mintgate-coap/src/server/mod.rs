@@ -145,13 +145,13 @@ pub enum Handled {
     Respond(ResponseBuilder),
     /// Send nothing (a NON carrying an unrecognized critical option).
     Silent,
-    /// No pool block was free: the request is shed.
-    Exhausted,
 }
 
 /// Routes `req` and runs its handler. Errors map to 4.02, 4.04, 4.05,
 /// 4.15 and 5.05 as RFC 7252 says; the handler sees a builder whose first
-/// block holds `payload_hint` bytes (it grows, up to `max_payload`).
+/// block, taken at the first payload byte, holds at least `payload_hint`
+/// bytes (it grows, up to `max_payload`). Pool exhaustion shows when the
+/// response is finished.
 pub fn process_request(
     router: &Router,
     pool: &Pool,
@@ -161,10 +161,7 @@ pub fn process_request(
 ) -> Handled {
     let p = req.packet;
     let con = p.msg_type() == MessageType::Con;
-    let mut rb = match ResponseBuilder::alloc(pool, payload_hint) {
-        Ok(rb) => rb.with_limit(max_payload),
-        Err(_) => return Handled::Exhausted,
-    };
+    let mut rb = ResponseBuilder::in_pool(pool, payload_hint).with_limit(max_payload);
     if let Some(bad) = bad_critical_option(p) {
         if !con {
             return Handled::Silent;
@@ -220,6 +217,7 @@ pub fn finish_response(
 ) -> Answer {
     match rb.finish(ty, mid, token) {
         Ok(o) => Answer::Send(o),
+        Err(BuildError::Exhausted) => Answer::Exhausted,
         Err(_) => match simple_response(pool, ty, mid, token, Code::INTERNAL_SERVER_ERROR, None) {
             Some(o) => Answer::Send(o),
             None => Answer::Exhausted,
@@ -245,7 +243,6 @@ pub fn handle_request(
     match process_request(router, pool, req, 64, max_payload) {
         Handled::Respond(rb) => finish_response(pool, rb, ty, mid, p.token()),
         Handled::Silent => Answer::Silent,
-        Handled::Exhausted => Answer::Exhausted,
     }
 }
 
@@ -275,7 +272,7 @@ pub fn simple_response(
     code: Code,
     max_age: Option<u32>,
 ) -> Option<Outgoing> {
-    let mut rb = ResponseBuilder::alloc(pool, 0).ok()?;
+    let mut rb = ResponseBuilder::in_pool(pool, 0);
     rb.set_code(code);
     if let Some(a) = max_age {
         rb.max_age(a);

@@ -4,7 +4,9 @@ use std::fmt;
 
 use mintgate_buf::{Block, BlockMut, Layer, Pool};
 
-use crate::wire::{encode_uint, Code, ContentFormat, MessageType, MessageWriter, OptionNumber};
+use crate::wire::{
+    encode_uint, head_len, Code, ContentFormat, MessageType, MessageWriter, OptionNumber,
+};
 
 /// Headroom reserved in front of a response payload: header (4), token (8)
 /// and the usual options fit; a larger head goes into a block of its own and
@@ -16,17 +18,16 @@ pub const OPTION_SPACE: usize = 320;
 
 const MAX_OPTIONS: usize = 16;
 
-/// Upper bound of an encoded head: header, token, 16 option headers, option
-/// space, marker.
-const MAX_HEAD: usize = 4 + 8 + MAX_OPTIONS * 5 + OPTION_SPACE + 1;
-
-/// A response too large for what the builder holds.
+/// Why a response could not be encoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BuildError {
     /// More than 16 options or 320 bytes of option values.
     TooManyOptions,
     /// The payload does not fit the block; the response becomes 5.00.
     PayloadTooLarge,
+    /// No pool block was free for the payload or the head: the response is
+    /// shed.
+    Exhausted,
 }
 
 impl fmt::Display for BuildError {
@@ -37,6 +38,7 @@ impl fmt::Display for BuildError {
                 "response options exceed {MAX_OPTIONS} or {OPTION_SPACE} bytes"
             ),
             BuildError::PayloadTooLarge => write!(f, "response payload exceeds the block"),
+            BuildError::Exhausted => write!(f, "no pool block free for the response"),
         }
     }
 }
@@ -55,11 +57,23 @@ enum Body {
 
 /// A response under construction, handed to resource handlers.
 ///
-/// The payload is produced once, straight into the pooled block (or given by
+/// The payload is produced once, straight into a pooled block (or given by
 /// reference as a static or shared buffer); options are kept aside in a small
-/// fixed array and encoded, sorted, into the headroom at the end.
+/// fixed array and encoded, sorted, at the end.
+///
+/// Invariants that keep a response at n + c bytes allocated and n copied:
+/// - No block is taken before the first payload byte is written: the block
+///   is then sized for that write (at least the hint) plus the headroom, so
+///   a payload written in one go lives in one right-sized block. A payload
+///   that outgrows it moves once into a larger block (counted as a copy).
+/// - The head (header, token, options, marker) is encoded in place into the
+///   block's headroom, or into a head block of its own sized to it exactly
+///   when the payload is sent by reference or the head does not fit; it is
+///   never encoded elsewhere and copied.
 pub struct ResponseBuilder {
-    block: BlockMut,
+    pool: Pool,
+    block: Option<BlockMut>,
+    hint: usize,
     code: Code,
     opts: [(u16, u16, u16); MAX_OPTIONS],
     nopts: usize,
@@ -67,15 +81,18 @@ pub struct ResponseBuilder {
     optlen: usize,
     body: Body,
     overflow: bool,
+    exhausted: bool,
     limit: usize,
 }
 
 impl ResponseBuilder {
-    /// A 2.05 Content response with an empty payload in `block`, which must
-    /// have been allocated with at least [`RESPONSE_HEADROOM`] headroom.
-    pub fn new(block: BlockMut) -> ResponseBuilder {
+    /// A 2.05 Content response with an empty payload whose first block,
+    /// taken at the first payload byte, holds at least `payload_hint` bytes.
+    pub fn in_pool(pool: &Pool, payload_hint: usize) -> ResponseBuilder {
         ResponseBuilder {
-            block,
+            pool: pool.clone(),
+            block: None,
+            hint: payload_hint,
             code: Code::CONTENT,
             opts: [(0, 0, 0); MAX_OPTIONS],
             nopts: 0,
@@ -83,6 +100,7 @@ impl ResponseBuilder {
             optlen: 0,
             body: Body::Inline,
             overflow: false,
+            exhausted: false,
             limit: usize::MAX,
         }
     }
@@ -93,36 +111,37 @@ impl ResponseBuilder {
         self
     }
 
-    /// Moves the payload into a block with room for `extra` more bytes.
-    /// The bytes already written are copied once (and counted).
-    fn grow(&mut self, extra: usize) -> bool {
-        let need = self.block.len() + extra;
+    fn len(&self) -> usize {
+        self.block.as_ref().map_or(0, |b| b.len())
+    }
+
+    /// Makes sure the block has room for `extra` more payload bytes: takes
+    /// the first block, or moves the bytes written so far into a larger one
+    /// (copied once, and counted).
+    fn room_for(&mut self, extra: usize) -> bool {
+        let have = self.len();
+        if self.block.as_ref().is_some_and(|b| b.tailroom() >= extra) {
+            return true;
+        }
+        let need = have + extra;
         if need > self.limit {
             return false;
         }
-        let pool = self.block.pool().clone();
-        let Ok(mut nb) = pool.alloc(Layer::Handler, RESPONSE_HEADROOM + need, RESPONSE_HEADROOM)
+        let size = need.max(self.hint).min(self.limit);
+        let Ok(mut nb) = self
+            .pool
+            .alloc(Layer::Coap, RESPONSE_HEADROOM + size, RESPONSE_HEADROOM)
         else {
+            self.exhausted = true;
             return false;
         };
-        if !nb.append(Layer::Handler, self.block.as_slice()) {
-            return false;
+        if let Some(old) = &self.block {
+            if !nb.append(Layer::Handler, old.as_slice()) {
+                return false;
+            }
         }
-        self.block = nb;
+        self.block = Some(nb);
         true
-    }
-
-    /// Allocates the block from `pool` (`max_payload` bytes behind the headroom).
-    pub fn alloc(
-        pool: &Pool,
-        max_payload: usize,
-    ) -> Result<ResponseBuilder, mintgate_buf::Exhausted> {
-        pool.alloc(
-            Layer::Coap,
-            RESPONSE_HEADROOM + max_payload,
-            RESPONSE_HEADROOM,
-        )
-        .map(ResponseBuilder::new)
     }
 
     /// Sets the response code (default 2.05 Content).
@@ -171,51 +190,64 @@ impl ResponseBuilder {
     /// Appends payload bytes into the block (counted as the handler's copy).
     /// On overflow the response turns into 5.00 when finished.
     pub fn write(&mut self, bytes: &[u8]) -> &mut Self {
-        if !matches!(self.body, Body::Inline) || self.block.len() + bytes.len() > self.limit {
+        if bytes.is_empty() {
+            return self;
+        }
+        if !matches!(self.body, Body::Inline) || self.len() + bytes.len() > self.limit {
             self.overflow = true;
             return self;
         }
-        if bytes.len() > self.block.tailroom() && !self.grow(bytes.len()) {
+        if !self.room_for(bytes.len()) {
             self.overflow = true;
             return self;
         }
-        if !self.block.append(Layer::Handler, bytes) {
-            self.overflow = true;
+        if let Some(b) = &mut self.block {
+            if !b.append(Layer::Handler, bytes) {
+                self.overflow = true;
+            }
         }
         self
     }
 
     /// Makes sure [`ResponseBuilder::spare_mut`] offers at least `n` bytes.
     pub fn reserve(&mut self, n: usize) -> bool {
-        n <= self.block.tailroom() || self.grow(n)
+        self.room_for(n)
     }
 
     /// The writable space behind the payload written so far, for handlers
-    /// that format in place; commit with [`ResponseBuilder::commit`].
+    /// that format in place; commit with [`ResponseBuilder::commit`]. Takes
+    /// the first block (of the hint's size) if none is held yet; empty when
+    /// the pool has none.
     pub fn spare_mut(&mut self) -> &mut [u8] {
-        self.block.spare_mut()
+        if self.block.is_none() && !self.room_for(self.hint.max(1)) {
+            return &mut [];
+        }
+        match &mut self.block {
+            Some(b) => b.spare_mut(),
+            None => &mut [],
+        }
     }
 
     /// Commits `n` bytes written into [`ResponseBuilder::spare_mut`].
     pub fn commit(&mut self, n: usize) -> &mut Self {
-        if n > self.block.tailroom() {
-            self.overflow = true;
-        } else {
-            self.block.commit(n);
+        match &mut self.block {
+            Some(b) if n <= b.tailroom() => b.commit(n),
+            None if n == 0 => {}
+            _ => self.overflow = true,
         }
         self
     }
 
     /// Uses a static payload, sent by reference with no copy.
     pub fn static_payload(&mut self, p: &'static [u8]) -> &mut Self {
-        self.block.truncate(0);
+        self.block = None;
         self.body = Body::Static(p);
         self
     }
 
     /// Uses a shared pooled payload, sent by reference with no copy.
     pub fn shared_payload(&mut self, b: Block) -> &mut Self {
-        self.block.truncate(0);
+        self.block = None;
         self.body = Body::Shared(b);
         self
     }
@@ -223,7 +255,7 @@ impl ResponseBuilder {
     /// The payload as it stands.
     pub fn payload(&self) -> &[u8] {
         match &self.body {
-            Body::Inline => self.block.as_slice(),
+            Body::Inline => self.block.as_ref().map_or(&[], |b| b.as_slice()),
             Body::Static(s) => s,
             Body::Shared(b) => b,
         }
@@ -234,10 +266,14 @@ impl ResponseBuilder {
         self.overflow
     }
 
-    /// Encodes the message: header, token and options prepended in the
-    /// block's headroom (or in a separate head block when they do not fit),
-    /// the payload where it already is.
+    /// Encodes the message: header, token and options written in place into
+    /// the block's headroom (or into a head block of their own when they do
+    /// not fit or the payload is sent by reference), the payload where it
+    /// already is.
     pub fn finish(self, ty: MessageType, mid: u16, token: &[u8]) -> Result<Outgoing, BuildError> {
+        if self.exhausted {
+            return Err(BuildError::Exhausted);
+        }
         if self.overflow {
             return Err(
                 if self.nopts == MAX_OPTIONS || self.optlen == OPTION_SPACE {
@@ -247,6 +283,9 @@ impl ResponseBuilder {
                 },
             );
         }
+        if token.len() > crate::wire::MAX_TOKEN_LEN {
+            return Err(BuildError::TooManyOptions);
+        }
         let mut order = [0u8; MAX_OPTIONS];
         for (i, o) in order.iter_mut().enumerate().take(self.nopts) {
             *o = i as u8;
@@ -254,47 +293,53 @@ impl ResponseBuilder {
         let order = &mut order[..self.nopts];
         order.sort_by_key(|i| self.opts[*i as usize].0); // stable: repeats keep their order
         let plen = self.payload().len();
-        let mut head = [0u8; MAX_HEAD];
-        let mut w = MessageWriter::new(&mut head, ty, self.code, mid, token)
-            .map_err(|_| BuildError::TooManyOptions)?;
-        for i in order.iter() {
-            let (n, st, l) = self.opts[*i as usize];
-            w.option(
-                OptionNumber(n),
-                &self.optbuf[st as usize..(st + l) as usize],
-            )
-            .map_err(|_| BuildError::TooManyOptions)?;
-        }
-        if plen > 0 {
-            w.payload_marker().map_err(|_| BuildError::TooManyOptions)?;
-        }
-        let hlen = w.finish();
-        let head = &head[..hlen];
-        let ResponseBuilder {
-            mut block, body, ..
-        } = self;
-        let pool = block.pool().clone();
-        pool.record_copy(Layer::Coap, hlen);
-        let tail = match body {
-            Body::Inline if hlen <= block.headroom() => {
-                block
-                    .prepend(hlen)
-                    .ok_or(BuildError::TooManyOptions)?
-                    .copy_from_slice(head);
+        let hlen = head_len(
+            token.len(),
+            order.iter().map(|i| {
+                let (n, _, l) = self.opts[*i as usize];
+                (n, l as usize)
+            }),
+            plen,
+        );
+        let encode = |dst: &mut [u8]| -> Result<(), BuildError> {
+            let mut w = MessageWriter::new(dst, ty, self.code, mid, token)
+                .map_err(|_| BuildError::TooManyOptions)?;
+            for i in order.iter() {
+                let (n, st, l) = self.opts[*i as usize];
+                w.option(
+                    OptionNumber(n),
+                    &self.optbuf[st as usize..(st + l) as usize],
+                )
+                .map_err(|_| BuildError::TooManyOptions)?;
+            }
+            if plen > 0 {
+                w.payload_marker().map_err(|_| BuildError::TooManyOptions)?;
+            }
+            if w.finish() == hlen {
+                Ok(())
+            } else {
+                Err(BuildError::TooManyOptions)
+            }
+        };
+        let tail = match (self.body, self.block) {
+            (Body::Inline, Some(mut block)) if plen > 0 && hlen <= block.headroom() => {
+                encode(block.prepend(hlen).ok_or(BuildError::TooManyOptions)?)?;
                 return Ok(Outgoing {
                     head: block.freeze(),
                     tail: Tail::None,
                 });
             }
-            Body::Inline => Tail::Shared(block.freeze()),
-            Body::Static(s) => Tail::Static(s),
-            Body::Shared(b) => Tail::Shared(b),
+            (Body::Inline, Some(block)) if plen > 0 => Tail::Shared(block.freeze()),
+            (Body::Inline, _) => Tail::None,
+            (Body::Static(s), _) => Tail::Static(s),
+            (Body::Shared(b), _) => Tail::Shared(b),
         };
         // The payload stays where it is; the head gets a block of its own.
-        let mut hb = pool
+        let mut hb = self
+            .pool
             .alloc(Layer::Coap, hlen, 0)
-            .map_err(|_| BuildError::PayloadTooLarge)?;
-        hb.spare_mut()[..hlen].copy_from_slice(head);
+            .map_err(|_| BuildError::Exhausted)?;
+        encode(&mut hb.spare_mut()[..hlen])?;
         hb.commit(hlen);
         Ok(Outgoing {
             head: hb.freeze(),
