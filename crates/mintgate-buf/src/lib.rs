@@ -20,6 +20,7 @@
 
 mod account;
 mod block;
+pub mod heap;
 mod pool;
 
 pub use account::{Accounting, Layer, LayerSnapshot};

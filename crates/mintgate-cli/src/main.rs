@@ -4,6 +4,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// The system allocator, counting only while a lab asks (`lab buffers`
+/// measures the HTTP proxy's heap use with it); otherwise one relaxed load
+/// per allocation.
+#[global_allocator]
+static ALLOC: mintgate_buf::heap::CountingAlloc = mintgate_buf::heap::CountingAlloc;
+
 mod bench;
 mod client;
 mod http;

@@ -6,6 +6,10 @@ use std::sync::Arc;
 use mintgate_lab::buffers::SIZES;
 use mintgate_lab::{lab_buffers, LabOptions};
 
+// The http rows need the counting allocator, as the mintgate binary has it.
+#[global_allocator]
+static ALLOC: mintgate_buf::heap::CountingAlloc = mintgate_buf::heap::CountingAlloc;
+
 #[test]
 fn buffers_lab_writes_the_table_csvs_and_plot() {
     let out = std::env::temp_dir().join(format!("mintgate-buffers-lab-{}", std::process::id()));
@@ -40,11 +44,7 @@ fn buffers_lab_writes_the_table_csvs_and_plot() {
             )
         })
         .collect();
-    assert_eq!(rows.len(), 3 * 2 * SIZES.len(), "{csv}");
-    assert!(
-        rows.iter().all(|r| r.0 != "http"),
-        "no http row without a proxy"
-    );
+    assert_eq!(rows.len(), 4 * 2 * SIZES.len(), "{csv}");
     let get = |path: &str, imp: &str, n: usize| {
         rows.iter()
             .find(|r| r.0 == path && r.1 == imp && r.2 == n)
@@ -70,13 +70,20 @@ fn buffers_lab_writes_the_table_csvs_and_plot() {
         assert!(st.3 <= 128.0, "{st:?}");
         assert_eq!(st.3, get("coap-static", "mintgate", SIZES[0]).3);
         assert!(rows.iter().all(|r| r.5 > 0.0), "every point has a time");
+        // http: the proxy copies the payload once (plus the response's
+        // option bytes); the naive one at least three times
+        let h = get("http", "mintgate", n);
+        assert!(h.4 >= nf && h.4 <= nf + 16.0, "{h:?}");
+        assert!(h.3 >= nf, "{h:?}");
+        let hv = get("http", "naive", n);
+        assert!(hv.4 >= 3.0 * nf && hv.3 >= 2.0 * nf, "{hv:?}");
     }
     let layers = std::fs::read_to_string(out.join("buffers_layers.csv")).unwrap();
     assert!(layers.starts_with("path,impl,n,layer,alloc_bytes,copy_bytes\n"));
     assert!(layers.contains("coap,mintgate,1024,receive,"), "{layers}");
     let svg = std::fs::read_to_string(out.join("buffers.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-    assert!(s.table.contains("Tables 3-5") && s.table.contains("http: pending"));
+    assert!(s.table.contains("Tables 3-5") && s.table.contains("http: allocated <= 1.2n + c"));
     assert!(s.table.contains("same as the lab loop"), "{}", s.table);
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -937,9 +937,10 @@ pub struct ResponseContext<'a> {
 }
 
 /// Maps a CoAP response to the HTTP response. Err (502) when the response
-/// cannot be understood.
+/// cannot be understood. The payload becomes the HTTP body as it is (moved,
+/// not copied).
 pub fn map_response(
-    resp: &CoapResponse,
+    resp: CoapResponse,
     cx: &ResponseContext<'_>,
 ) -> Result<Response<Bytes>, ProxyError> {
     let unintelligible = |why: String| {
@@ -1025,7 +1026,7 @@ pub fn map_response(
         if cx.info.head || status == StatusCode::NOT_MODIFIED || status == StatusCode::NO_CONTENT {
             Bytes::new()
         } else {
-            Bytes::copy_from_slice(&resp.payload)
+            Bytes::from(resp.payload)
         };
     let mut r = Response::new(body);
     *r.status_mut() = status;

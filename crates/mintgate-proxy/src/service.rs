@@ -246,7 +246,7 @@ impl Proxy {
                         resp
                     };
                     let mut out = map_response(
-                        &resp,
+                        resp,
                         &ResponseContext {
                             authority: &authority,
                             mapping,
@@ -318,7 +318,7 @@ impl Proxy {
                 .invalidate(&CacheKey::new(&authority, &get));
         }
         let mut out = map_response(
-            &resp,
+            resp,
             &ResponseContext {
                 authority: &authority,
                 mapping,

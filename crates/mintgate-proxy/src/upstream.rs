@@ -108,6 +108,10 @@ pub struct UpstreamStats {
     pub overloaded: AtomicU64,
     /// Retransmissions.
     pub retransmissions: AtomicU64,
+    /// Bytes of response payload and option values copied out of received
+    /// datagrams (the one copy of a response's bytes on the way to HTTP;
+    /// `lab buffers` reads it).
+    pub bytes_copied: AtomicU64,
 }
 
 struct Cmd {
@@ -392,6 +396,9 @@ impl Task {
                     ..
                 } => {
                     self.stats.responses.fetch_add(1, Relaxed);
+                    let copied =
+                        payload.len() + options.iter().map(|(_, v)| v.len()).sum::<usize>();
+                    self.stats.bytes_copied.fetch_add(copied as u64, Relaxed);
                     self.stats
                         .retransmissions
                         .fetch_add(retransmissions.into(), Relaxed);

@@ -296,7 +296,7 @@ fn response_headers() {
         ],
         payload: b"{\"t\":1}".to_vec(),
     };
-    let h = map_response(&r, &cx(&a, &info)).unwrap();
+    let h = map_response(r.clone(), &cx(&a, &info)).unwrap();
     assert_eq!(h.status(), StatusCode::OK);
     assert_eq!(h.headers()["content-type"], "application/json");
     assert_eq!(h.headers()["etag"], "\"dead\"");
@@ -304,7 +304,7 @@ fn response_headers() {
     assert_eq!(h.body().as_ref(), b"{\"t\":1}");
     // Age from the cache lowers max-age.
     let h = map_response(
-        &r,
+        r.clone(),
         &ResponseContext {
             age: 10,
             ..cx(&a, &info)
@@ -319,7 +319,7 @@ fn response_headers() {
         options: vec![],
         payload: vec![],
     };
-    let h = map_response(&r2, &cx(&a, &info)).unwrap();
+    let h = map_response(r2, &cx(&a, &info)).unwrap();
     assert_eq!(h.headers()["cache-control"], "max-age=60");
     assert!(h.headers().get("content-type").is_none());
     // 5.03 with Max-Age: Retry-After.
@@ -328,7 +328,7 @@ fn response_headers() {
         options: vec![(OptionNumber::MAX_AGE, vec![7])],
         payload: vec![],
     };
-    let h = map_response(&r3, &cx(&a, &info)).unwrap();
+    let h = map_response(r3, &cx(&a, &info)).unwrap();
     assert_eq!(h.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(h.headers()["retry-after"], "7");
     // HEAD: no body.
@@ -336,14 +336,17 @@ fn response_headers() {
         head: true,
         ..RequestInfo::default()
     };
-    assert!(map_response(&r, &cx(&a, &head)).unwrap().body().is_empty());
+    assert!(map_response(r.clone(), &cx(&a, &head))
+        .unwrap()
+        .body()
+        .is_empty());
     // 2.04 changed: no cache-control.
     let r4 = CoapResponse {
         code: Code::CHANGED,
         options: vec![],
         payload: b"ok".to_vec(),
     };
-    let h = map_response(&r4, &cx(&a, &info)).unwrap();
+    let h = map_response(r4, &cx(&a, &info)).unwrap();
     assert!(h.headers().get("cache-control").is_none());
 }
 
@@ -360,7 +363,7 @@ fn location_default_and_reverse() {
         ],
         payload: vec![],
     };
-    let h = map_response(&r, &cx(&a, &info)).unwrap();
+    let h = map_response(r.clone(), &cx(&a, &info)).unwrap();
     assert_eq!(h.status(), StatusCode::CREATED);
     assert_eq!(
         h.headers()["location"],
@@ -368,7 +371,7 @@ fn location_default_and_reverse() {
     );
     let m = ReverseMapping::new("/sensors", "coap://127.0.0.1/s").unwrap();
     let h = map_response(
-        &r,
+        r.clone(),
         &ResponseContext {
             mapping: Some(&m),
             ..cx(&a, &info)
@@ -379,7 +382,7 @@ fn location_default_and_reverse() {
     // Outside the mapping's base: default form.
     let m2 = ReverseMapping::new("/other", "coap://127.0.0.1/o").unwrap();
     let h = map_response(
-        &r,
+        r.clone(),
         &ResponseContext {
             mapping: Some(&m2),
             ..cx(&a, &info)
@@ -398,7 +401,7 @@ fn unintelligible_responses_are_502() {
     let info = RequestInfo::default();
     let bad = |code: Code, options: Vec<(OptionNumber, Vec<u8>)>| {
         map_response(
-            &CoapResponse {
+            CoapResponse {
                 code,
                 options,
                 payload: vec![],
@@ -435,7 +438,7 @@ fn unintelligible_responses_are_502() {
     );
     // An unknown elective option is ignored.
     assert!(map_response(
-        &CoapResponse {
+        CoapResponse {
             code: Code::CONTENT,
             options: vec![(OptionNumber(10), vec![1])],
             payload: vec![],
@@ -563,7 +566,7 @@ proptest! {
             options: options.into_iter().map(|(n, v)| (OptionNumber(n), v)).collect(),
             payload,
         };
-        match map_response(&r, &cx(&a, &info)) {
+        match map_response(r.clone(), &cx(&a, &info)) {
             Ok(h) => {
                 prop_assert!(matches!(class, 2 | 4 | 5));
                 if let Some(e) = h.headers().get("etag") {
