@@ -1,10 +1,12 @@
-//! The mintgate gateway: configuration, the Interaction pipeline over UDP and
-//! the built-in resources.
+//! The mintgate gateway: configuration, the Interaction pipeline over UDP,
+//! the built-in resources, devices served as resources and the client side
+//! of Observe.
 
 pub mod config;
 pub mod devices;
 pub mod metrics;
 pub mod observe;
+pub mod observe_client;
 pub mod pipeline;
 pub mod queue;
 pub mod resources;
