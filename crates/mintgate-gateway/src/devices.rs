@@ -397,7 +397,7 @@ impl DeviceHost {
         let n = self.notifier.clone();
         let path = resource_path(dev);
         let last = AtomicU64::new(f64::NAN.to_bits());
-        dev.watch(Arc::new(move |_, v| {
+        dev.watch(Arc::new(move |_, v, _| {
             if last.swap(v.to_bits(), Ordering::Relaxed) != v.to_bits() {
                 n.notify(&path);
             }
