@@ -1,7 +1,8 @@
 //! The mintgate gateway: configuration, the Interaction pipeline over UDP,
-//! the built-in resources, devices served as resources and the client side
-//! of Observe.
+//! the built-in resources, devices served as resources, the client side of
+//! Observe and the MQTT bridges.
 
+pub mod bridge;
 pub mod config;
 pub mod devices;
 pub mod metrics;
