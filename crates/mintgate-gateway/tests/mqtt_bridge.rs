@@ -114,7 +114,9 @@ fn subscribe(url: &BrokerUrl, topic: &str) -> Subscriber {
 }
 
 /// The bodies (as JSON) of up to `n` in-order deliveries within `limit`;
-/// fails on a gap.
+/// fails on a gap. (The envelopes number a publisher's messages over all
+/// its topics; each gateway of these tests publishes to one topic only,
+/// so the numbers a subscriber sees have no gaps.)
 fn bodies(sub: &mut Subscriber, n: usize, limit: Duration) -> Vec<serde_json::Value> {
     let end = Instant::now() + limit;
     let mut got = Vec::new();
