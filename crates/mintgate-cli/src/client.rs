@@ -7,14 +7,15 @@
 
 use std::fmt::Write as _;
 use std::io::{self, IsTerminal, Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::Context;
 use mintgate_coap::client::{Client, ClientConfig, Event, Request};
 use mintgate_coap::rto::{Adaptive, Basic, Cocoa, RtoController, TransmissionParams};
+use mintgate_coap::uri::CoapUri;
 use mintgate_coap::wire::{
     decode_uint, encode_uint, Code, ContentFormat, MessageType, OptionDef, OptionFormat,
     OptionNumber,
@@ -42,9 +43,6 @@ const EXIT_SERVER_ERROR: u8 = 4;
 const EXIT_TIMEOUT: u8 = 5;
 const EXIT_RESET: u8 = 6;
 const EXIT_OTHER: u8 = 1;
-
-/// Default CoAP port (RFC 7252 6.1).
-const DEFAULT_PORT: u16 = 5683;
 
 /// Default overall timeout of a NON request.
 const NON_TIMEOUT: Duration = Duration::from_secs(5);
@@ -119,7 +117,7 @@ struct ExtraOption(OptionNumber, Vec<u8>);
 
 /// Sends one request with `method` and prints the outcome.
 pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
-    let uri = parse_uri(&args.uri).with_context(|| format!("bad URI '{}'", args.uri))?;
+    let uri = parse_uri(&args.uri)?;
     let dest = resolve(&uri)?;
 
     let payload = match (&args.payload, &args.payload_file) {
@@ -302,150 +300,14 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Reports an ICMP port unreachable: nothing listens, so no response will
-/// ever come.
-fn unreachable(dest: SocketAddr) -> ExitCode {
-    eprintln!("mintgate: no response from {dest}: port unreachable (nothing listens there)");
-    ExitCode::from(EXIT_TIMEOUT)
-}
-
-/// A parsed `coap://` URI (RFC 7252 6.4).
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct CoapUri {
-    /// The host: an IP literal or a name (lower-cased).
-    host: Host,
-    port: u16,
-    /// Uri-Host (for a name), Uri-Path and Uri-Query options, in that order.
-    pub(crate) options: Vec<(OptionNumber, Vec<u8>)>,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Host {
-    Ip(IpAddr),
-    Name(String),
-}
-
-/// Splits a `coap://host[:port]/path?query` URI into destination and
-/// options, following the steps of RFC 7252 section 6.4.
+/// Parses a `coap://` URI for a command ([`mintgate_coap::uri::parse`]).
 pub(crate) fn parse_uri(s: &str) -> anyhow::Result<CoapUri> {
-    let Some((scheme, rest)) = s.split_once("://") else {
-        bail!("expected coap://host[:port]/path");
-    };
-    if !scheme.eq_ignore_ascii_case("coap") {
-        bail!("unsupported scheme '{scheme}': only coap:// (CoAP over UDP, no DTLS) is supported");
-    }
-    if rest.contains('#') {
-        bail!("a CoAP URI must not have a fragment ('#...')");
-    }
-    let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, path_query) = rest.split_at(auth_end);
-    if authority.contains('@') {
-        bail!("user information ('user@') is not allowed in a CoAP URI");
-    }
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let Some((addr, after)) = v6.split_once(']') else {
-            bail!("missing ']' after the IPv6 address");
-        };
-        if addr.contains('%') {
-            bail!("IPv6 zone identifiers are not supported");
-        }
-        let ip: Ipv6Addr = addr
-            .parse()
-            .map_err(|_| anyhow!("'{addr}' is not an IPv6 address"))?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| anyhow!("unexpected '{p}' after the IPv6 address"))?,
-            ),
-        };
-        (Host::Ip(IpAddr::V6(ip)), port)
-    } else {
-        let (h, p) = match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        };
-        if h.is_empty() {
-            bail!("missing host");
-        }
-        if h.contains(':') {
-            bail!("an IPv6 address must be written in brackets, e.g. coap://[::1]/");
-        }
-        let host = match h.parse::<std::net::Ipv4Addr>() {
-            Ok(ip) => Host::Ip(IpAddr::V4(ip)),
-            Err(_) => {
-                let name = percent_decode(h).context("in the host")?;
-                let name = String::from_utf8(name)
-                    .map_err(|_| anyhow!("the host name is not UTF-8"))?
-                    .to_ascii_lowercase();
-                if name.is_empty() || name.len() > 255 {
-                    bail!("host name must be 1 to 255 bytes long");
-                }
-                Host::Name(name)
-            }
-        };
-        (host, p)
-    };
-    let port = match port {
-        None | Some("") => DEFAULT_PORT,
-        Some(p) => match p.parse::<u16>() {
-            Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
-            _ => bail!("invalid port '{p}' (1-65535)"),
-        },
-    };
-
-    let mut options = Vec::new();
-    if let Host::Name(name) = &host {
-        options.push((OptionNumber::URI_HOST, name.clone().into_bytes()));
-    }
-    let (path, query) = match path_query.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (path_query, None),
-    };
-    if !path.is_empty() && path != "/" {
-        let segments = path.strip_prefix('/').unwrap_or(path);
-        for seg in segments.split('/') {
-            let v = percent_decode(seg).with_context(|| format!("in path segment '{seg}'"))?;
-            if v.len() > 255 {
-                bail!("path segment '{seg}' is longer than 255 bytes");
-            }
-            options.push((OptionNumber::URI_PATH, v));
-        }
-    }
-    if let Some(q) = query.filter(|q| !q.is_empty()) {
-        for arg in q.split('&') {
-            let v = percent_decode(arg).with_context(|| format!("in query parameter '{arg}'"))?;
-            if v.len() > 255 {
-                bail!("query parameter '{arg}' is longer than 255 bytes");
-            }
-            options.push((OptionNumber::URI_QUERY, v));
-        }
-    }
-    Ok(CoapUri {
-        host,
-        port,
-        options,
-    })
+    mintgate_coap::uri::parse(s).with_context(|| format!("bad URI '{s}'"))
 }
 
-/// Decodes `%XX` escapes.
-fn percent_decode(s: &str) -> anyhow::Result<Vec<u8>> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while let Some(&c) = b.get(i) {
-        if c == b'%' {
-            match (hex_digit(b.get(i + 1)), hex_digit(b.get(i + 2))) {
-                (Some(hi), Some(lo)) => out.push(hi << 4 | lo),
-                _ => bail!("bad percent-encoding at '{}'", &s[i..]),
-            }
-            i += 3;
-        } else {
-            out.push(c);
-            i += 1;
-        }
-    }
-    Ok(out)
+/// The socket address of the URI's host (the first one a name resolves to).
+pub(crate) fn resolve(uri: &CoapUri) -> anyhow::Result<SocketAddr> {
+    Ok(mintgate_gateway::observe_client::resolve(uri)?)
 }
 
 /// The value of one hex digit.
@@ -453,16 +315,11 @@ fn hex_digit(c: Option<&u8>) -> Option<u8> {
     c.and_then(|c| (*c as char).to_digit(16)).map(|d| d as u8)
 }
 
-/// The socket address of the URI's host (the first one a name resolves to).
-pub(crate) fn resolve(uri: &CoapUri) -> anyhow::Result<SocketAddr> {
-    match &uri.host {
-        Host::Ip(ip) => Ok(SocketAddr::new(*ip, uri.port)),
-        Host::Name(name) => (name.as_str(), uri.port)
-            .to_socket_addrs()
-            .with_context(|| format!("cannot resolve host '{name}'"))?
-            .next()
-            .ok_or_else(|| anyhow!("host '{name}' has no address")),
-    }
+/// Reports an ICMP port unreachable: nothing listens, so no response will
+/// ever come.
+fn unreachable(dest: SocketAddr) -> ExitCode {
+    eprintln!("mintgate: no response from {dest}: port unreachable (nothing listens there)");
+    ExitCode::from(EXIT_TIMEOUT)
 }
 
 fn parse_content_format(s: &str) -> Result<ContentFormat, String> {
@@ -642,71 +499,6 @@ fn fmt_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn opts(u: &CoapUri) -> Vec<(u16, String)> {
-        u.options
-            .iter()
-            .map(|(n, v)| (n.0, String::from_utf8_lossy(v).into_owned()))
-            .collect()
-    }
-
-    #[test]
-    fn parses_ipv4_ipv6_and_names() {
-        let u = parse_uri("coap://127.0.0.1:5699/request").unwrap();
-        assert_eq!(u.host, Host::Ip("127.0.0.1".parse().unwrap()));
-        assert_eq!(u.port, 5699);
-        assert_eq!(opts(&u), vec![(11, "request".into())]);
-
-        let u = parse_uri("coap://[::1]/a/b?x=1&y=%20z").unwrap();
-        assert_eq!(u.host, Host::Ip("::1".parse().unwrap()));
-        assert_eq!(u.port, 5683);
-        assert_eq!(
-            opts(&u),
-            vec![
-                (11, "a".into()),
-                (11, "b".into()),
-                (15, "x=1".into()),
-                (15, "y= z".into())
-            ]
-        );
-
-        let u = parse_uri("COAP://Example.COM:61616").unwrap();
-        assert_eq!(u.host, Host::Name("example.com".into()));
-        assert_eq!(opts(&u), vec![(3, "example.com".into())]);
-        assert_eq!(parse_uri("coap://[::1]:7/").unwrap().port, 7);
-    }
-
-    #[test]
-    fn percent_decodes_path_segments_and_keeps_empty_ones() {
-        let u = parse_uri("coap://h/a%2Fb/%C3%A9/").unwrap();
-        assert_eq!(
-            opts(&u)[1..],
-            [(11, "a/b".into()), (11, "é".into()), (11, "".into())]
-        );
-    }
-
-    #[test]
-    fn rejects_bad_uris_with_reasons() {
-        for (uri, why) in [
-            ("http://h/", "unsupported scheme"),
-            ("coaps://h/", "unsupported scheme"),
-            ("h/path", "expected coap://"),
-            ("coap:///path", "missing host"),
-            ("coap://h:0/", "invalid port"),
-            ("coap://h:99999/", "invalid port"),
-            ("coap://h:x/", "invalid port"),
-            ("coap://[::1/", "missing ']'"),
-            ("coap://[zz]/", "not an IPv6 address"),
-            ("coap://::1/", "in brackets"),
-            ("coap://h/a%zz", "percent-encoding"),
-            ("coap://h/a%4", "percent-encoding"),
-            ("coap://h/a#frag", "fragment"),
-            ("coap://u@h/", "user information"),
-        ] {
-            let e = format!("{:#}", parse_uri(uri).unwrap_err());
-            assert!(e.contains(why), "{uri}: {e}");
-        }
-    }
 
     #[test]
     fn parses_durations_options_and_formats() {

@@ -49,6 +49,16 @@ pub struct ServeArgs {
     /// first use unless proxy.tls_cert/tls_key are set.
     #[arg(long, value_name = "ADDR")]
     h3: Option<SocketAddr>,
+    /// Run the MQTT bridges (sets mqtt.enabled): device values, direct-path
+    /// `mqtt(TOPIC)` outputs and observed resources to topics, command
+    /// topics to actuators; the embedded broker unless mqtt.broker names one.
+    #[arg(long)]
+    mqtt: bool,
+    /// The MQTT broker of the bridges, mqtt://HOST[:PORT] (3.1.1),
+    /// mqtt5://HOST[:PORT] (5) or `embedded` (replaces mqtt.broker; implies
+    /// --mqtt).
+    #[arg(long, value_name = "URL")]
+    mqtt_broker: Option<String>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -116,6 +126,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(h) = a.h3 {
         cfg.proxy.h3 = Some(h);
     }
+    if let Some(b) = &a.mqtt_broker {
+        cfg.mqtt.broker = b.clone();
+        cfg.mqtt.enabled = true;
+    }
+    if a.mqtt {
+        cfg.mqtt.enabled = true;
+    }
     cfg.validate()?;
     if a.print_config {
         print!("{}", cfg.to_toml());
@@ -124,8 +141,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let set = block_signals();
     let gw =
         Gateway::start(cfg.clone(), resources::router_for(&cfg)).context("starting the gateway")?;
-    let devices = mintgate_gateway::devices::DeviceHost::start(&cfg, &gw)
-        .context("starting the devices and the direct path")?;
+    let devices =
+        mintgate_gateway::devices::DeviceHost::start(&cfg, &gw).context(if cfg.mqtt.enabled {
+            "starting the devices, the direct path and the MQTT bridges"
+        } else {
+            "starting the devices and the direct path"
+        })?;
     {
         let m = devices.manager();
         let names: Vec<String> = m

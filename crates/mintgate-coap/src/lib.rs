@@ -3,6 +3,7 @@
 //! - [`wire`]: the zero-copy message view and emitter.
 //! - [`client`]: the client endpoint (CON/NON exchanges, token matching,
 //!   NSTART), driven by explicit `Instant`s.
+//! - [`uri`]: `coap://` URIs split into a destination and request options.
 //! - [`rto`]: the pluggable retransmission-timeout controllers (RFC 7252
 //!   Basic; CoCoA and Adaptive RTO implement the same trait).
 //!
@@ -15,3 +16,4 @@ pub mod wire;
 
 pub mod client;
 pub mod rto;
+pub mod uri;

@@ -21,10 +21,11 @@ use crate::history::History;
 use crate::sim::{Signal, SimActuator, SimSensor};
 use crate::store::Store;
 
-/// Told of every new value of a device: (device name, value). Runs on the
-/// thread that produced the value (a driver's event thread, a CoAP handler
-/// writing an actuator, the direct path's worker); it must not block.
-pub type WatchFn = Arc<dyn Fn(&str, f64) + Send + Sync>;
+/// Told of every new value of a device: (device name, value, the time its
+/// history recorded it in ms since the Unix epoch). Runs on the thread that
+/// produced the value (a driver's event thread, a CoAP handler writing an
+/// actuator, the direct path's worker); it must not block.
+pub type WatchFn = Arc<dyn Fn(&str, f64, u64) + Send + Sync>;
 
 /// One device.
 pub struct Device {
@@ -79,9 +80,10 @@ impl Device {
 
     /// Records a new value: history, then watchers.
     pub fn record(&self, value: f64) {
-        self.history.push(value);
+        let t = crate::clock::unix_ms();
+        self.history.push_at(t, value);
         for (_, w) in self.watchers.read().iter() {
-            w(&self.spec.name, value);
+            w(&self.spec.name, value, t);
         }
     }
 
@@ -343,13 +345,22 @@ impl DeviceManager {
         for spec in &devices.list {
             m.add(spec.clone())?;
         }
-        for l in &dp.links {
-            m.add_link(l).map_err(|why| DeviceError::Config {
+        m.add_links(&dp.links)?;
+        Ok(m)
+    }
+
+    /// Adds links written in the link syntax (the config's
+    /// `directpath.links`); the first that fails stops with an error naming
+    /// it. A caller that registers output kinds (`mqtt`) starts the manager
+    /// with no links, registers them, then adds the configured links here.
+    pub fn add_links(&self, links: &[String]) -> Result<(), DeviceError> {
+        for l in links {
+            self.add_link(l).map_err(|why| DeviceError::Config {
                 name: "directpath.links".into(),
                 why: format!("`{l}`: {why}"),
             })?;
         }
-        Ok(m)
+        Ok(())
     }
 
     /// The direct path.
@@ -605,7 +616,7 @@ mod tests {
             .unwrap();
         let heard = Arc::new(AtomicU32::new(0));
         let h = heard.clone();
-        m.get("fan").unwrap().watch(Arc::new(move |n, _| {
+        m.get("fan").unwrap().watch(Arc::new(move |n, _, _| {
             assert_eq!(n, "fan");
             h.fetch_add(1, Ordering::Relaxed);
         }));

@@ -61,6 +61,218 @@ pub struct Config {
     /// `[proxy]`: the HTTP/1.1, HTTP/2 and HTTP/3 proxy to CoAP (off unless
     /// `http` or `h3` is set); read by the CLI into `mintgate_proxy`.
     pub proxy: ProxySection,
+    /// `[mqtt]`: the MQTT bridges (off unless `enabled`); see
+    /// [`crate::bridge`].
+    pub mqtt: MqttSection,
+}
+
+/// `[mqtt]`: the bridges between devices, direct-path links, observed CoAP
+/// resources and MQTT topics ([`crate::bridge`]). Off unless `enabled`
+/// (`mintgate serve --mqtt`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttSection {
+    /// Run the bridges.
+    pub enabled: bool,
+    /// `"embedded"` (start the embedded broker on `embedded_listen` and
+    /// `embedded_listen5` and use it over MQTT 3.1.1), or the URL of any
+    /// broker: `mqtt://HOST[:PORT]` (3.1.1) or `mqtt5://HOST[:PORT]` (5).
+    pub broker: String,
+    /// MQTT 3.1.1 listener of the embedded broker (port 0: any free port).
+    pub embedded_listen: SocketAddr,
+    /// MQTT 5 listener of the embedded broker (port 0: any free port).
+    pub embedded_listen5: SocketAddr,
+    /// Folder of the persistent publish queue (created if missing).
+    pub state: std::path::PathBuf,
+    /// Keep the publish queue in `state` (true), or in memory only (lost on
+    /// a restart).
+    pub persist: bool,
+    /// QoS of the queue's publishes: 1 (the paper's Pub Queue) or 2.
+    pub qos: u8,
+    /// Messages in flight at once (1: the next only after the previous
+    /// acknowledgement; more needs a reordering receiver).
+    pub window: usize,
+    /// Prefix of the automatic device topics (`{prefix}sensors/temp0`).
+    pub topic_prefix: String,
+    /// Publish every device's new values to `{topic_prefix}{resource path}`.
+    pub publish_devices: bool,
+    /// Values waiting for the bridge's publishing thread at most; a value
+    /// arriving when it is full is dropped and counted.
+    pub backlog: usize,
+    /// Explicit device -> topic entries (`[[mqtt.publish]]`).
+    pub publish: Vec<MqttPublish>,
+    /// Topic -> actuator entries (`[[mqtt.command]]`).
+    pub command: Vec<MqttCommand>,
+    /// Observed CoAP resources -> topic entries (`[[mqtt.observe]]`).
+    pub observe: Vec<MqttObserve>,
+}
+
+impl Default for MqttSection {
+    fn default() -> Self {
+        MqttSection {
+            enabled: false,
+            broker: "embedded".into(),
+            embedded_listen: ([127, 0, 0, 1], 1883).into(),
+            embedded_listen5: ([127, 0, 0, 1], 1884).into(),
+            state: "mintgate-mqtt".into(),
+            persist: true,
+            qos: 1,
+            window: 1,
+            topic_prefix: "mintgate/".into(),
+            publish_devices: true,
+            backlog: 4096,
+            publish: Vec::new(),
+            command: Vec::new(),
+            observe: Vec::new(),
+        }
+    }
+}
+
+/// One `[[mqtt.publish]]` entry: a device's values to a topic.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MqttPublish {
+    /// The device.
+    pub device: String,
+    /// The topic (as written: no prefix is added).
+    pub topic: String,
+    /// Publish at most one value per this interval (`500ms`, `10s`); the
+    /// values in between are skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_interval: Option<String>,
+}
+
+/// One `[[mqtt.command]]` entry: messages on a topic written to an actuator.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MqttCommand {
+    /// The topic (no wildcards; as written: no prefix is added).
+    pub topic: String,
+    /// The actuator.
+    pub device: String,
+}
+
+/// One `[[mqtt.observe]]` entry: a CoAP resource observed, each
+/// notification published to a topic.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MqttObserve {
+    /// `coap://HOST[:PORT]/PATH?QUERY` of an observable resource.
+    pub uri: String,
+    /// The topic (as written: no prefix is added).
+    pub topic: String,
+    /// Accept option of the registration (`text`, `json`, `50`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept: Option<String>,
+}
+
+impl MqttSection {
+    /// The broker URL to connect to (`None` for `"embedded"`).
+    pub fn broker_url(&self) -> Result<Option<mintgate_mqtt::BrokerUrl>, String> {
+        if self.broker == "embedded" {
+            return Ok(None);
+        }
+        self.broker.parse().map(Some)
+    }
+
+    /// Checks every key; `devices` are the configured devices (a publish or
+    /// command entry must name one of them).
+    pub fn validate(&self, devices: &[mintgate_devices::DeviceSpec]) -> Result<(), ConfigError> {
+        use mintgate_devices::DeviceKind;
+        let v = |key, why: String| Err(ConfigError::Value { key, why });
+        if let Err(e) = self.broker_url() {
+            return v("mqtt.broker", format!("{e} (or \"embedded\")"));
+        }
+        if !(1..=2).contains(&self.qos) {
+            return v("mqtt.qos", format!("{} is not 1 or 2", self.qos));
+        }
+        if !(1..=1024).contains(&self.window) {
+            return v(
+                "mqtt.window",
+                format!("{} is outside 1..=1024", self.window),
+            );
+        }
+        if !(1..=1 << 20).contains(&self.backlog) {
+            return v(
+                "mqtt.backlog",
+                format!("{} is outside 1..=1048576", self.backlog),
+            );
+        }
+        if self.topic_prefix.contains(['+', '#', '\0']) {
+            return v(
+                "mqtt.topic_prefix",
+                format!("{:?} may not contain '+', '#' or NUL", self.topic_prefix),
+            );
+        }
+        if self.persist && self.state.as_os_str().is_empty() {
+            return v(
+                "mqtt.state",
+                "a folder is needed (or persist = false)".into(),
+            );
+        }
+        let device = |name: &str| devices.iter().find(|d| d.name == name);
+        for (i, p) in self.publish.iter().enumerate() {
+            let why = |w: String| format!("entry {} (device `{}`): {w}", i + 1, p.device);
+            if device(&p.device).is_none() {
+                return v("mqtt.publish", why("no such device in [devices]".into()));
+            }
+            if let Err(e) = mintgate_mqtt::conn::check_topic(&p.topic) {
+                return v("mqtt.publish", why(e));
+            }
+            if let Some(d) = &p.min_interval {
+                if let Err(e) = parse_duration(d) {
+                    return v("mqtt.publish", why(format!("min_interval: {e}")));
+                }
+            }
+        }
+        for (i, c) in self.command.iter().enumerate() {
+            let why = |w: String| format!("entry {} (topic {:?}): {w}", i + 1, c.topic);
+            if let Err(e) = mintgate_mqtt::conn::check_topic(&c.topic) {
+                return v("mqtt.command", why(e));
+            }
+            match device(&c.device) {
+                None => {
+                    return v(
+                        "mqtt.command",
+                        why(format!("no device `{}` in [devices]", c.device)),
+                    )
+                }
+                Some(d)
+                    if !matches!(
+                        d.kind,
+                        DeviceKind::SimActuator | DeviceKind::AttrActuator | DeviceKind::GpioOut
+                    ) =>
+                {
+                    return v(
+                        "mqtt.command",
+                        why(format!("`{}` is a sensor, not an actuator", c.device)),
+                    )
+                }
+                Some(_) => {}
+            }
+            if self.command[..i].iter().any(|o| o.topic == c.topic) {
+                return v("mqtt.command", why("the topic is given twice".into()));
+            }
+        }
+        for (i, o) in self.observe.iter().enumerate() {
+            let why = |w: String| format!("entry {} (uri {:?}): {w}", i + 1, o.uri);
+            if let Err(e) = mintgate_coap::uri::parse(&o.uri) {
+                return v("mqtt.observe", why(e.to_string()));
+            }
+            if let Err(e) = mintgate_mqtt::conn::check_topic(&o.topic) {
+                return v("mqtt.observe", why(e));
+            }
+            if let Some(a) = &o.accept {
+                if mintgate_coap::wire::ContentFormat::parse(a).is_none() {
+                    return v(
+                        "mqtt.observe",
+                        why(format!("accept: unknown Content-Format {a:?}")),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `[proxy]`: the HTTP -> CoAP proxy (RFC 8075). Plain data: the CLI checks
@@ -608,6 +820,7 @@ impl Config {
         {
             return v("vta", "n, max_threads and w_s must be positive".into());
         }
+        self.mqtt.validate(&self.devices.list)?;
         Ok(())
     }
 
@@ -721,5 +934,133 @@ mod tests {
         let c = Config::from_toml("[coap]\nbind = [\"127.0.0.1:7000\"]\n[pipeline]\nthreads = 3\n")
             .unwrap();
         assert_eq!(c.threads(), 3);
+    }
+
+    #[test]
+    fn mqtt_is_off_by_default_and_round_trips() {
+        let c = Config::default();
+        assert!(!c.mqtt.enabled);
+        assert_eq!(c.mqtt.broker, "embedded");
+        assert_eq!(c.mqtt.broker_url(), Ok(None));
+        assert_eq!(c.mqtt.topic_prefix, "mintgate/");
+        assert!(c.mqtt.publish_devices && c.mqtt.persist);
+        assert_eq!((c.mqtt.qos, c.mqtt.window), (1, 1));
+        let text = r#"
+[mqtt]
+enabled = true
+broker = "mqtt5://broker.lan:1884"
+state = "/var/lib/mintgate/mqtt"
+qos = 2
+window = 4
+topic_prefix = "site1/"
+publish_devices = false
+backlog = 100
+
+[[mqtt.publish]]
+device = "temp0"
+topic = "site1/temperature"
+min_interval = "5s"
+
+[[mqtt.command]]
+topic = "site1/led/set"
+device = "led0"
+
+[[mqtt.observe]]
+uri = "coap://[::1]:5684/sensors/temp0"
+topic = "site1/remote/temp0"
+accept = "json"
+"#;
+        let c = Config::from_toml(text).unwrap();
+        let m = &c.mqtt;
+        assert!(m.enabled && !m.publish_devices);
+        let url = m.broker_url().unwrap().unwrap();
+        assert_eq!(url.to_string(), "mqtt5://broker.lan:1884");
+        assert_eq!((m.qos, m.window, m.backlog), (2, 4, 100));
+        assert_eq!(m.publish[0].min_interval.as_deref(), Some("5s"));
+        assert_eq!(m.command[0].device, "led0");
+        assert_eq!(m.observe[0].accept.as_deref(), Some("json"));
+        // --print-config's output reads back the same
+        let back = Config::from_toml(&c.to_toml()).unwrap();
+        assert_eq!(back.mqtt.publish, m.publish);
+        assert_eq!(back.mqtt.command, m.command);
+        assert_eq!(back.mqtt.observe, m.observe);
+        assert_eq!(back.mqtt.broker, m.broker);
+    }
+
+    #[test]
+    fn mqtt_errors_name_the_key() {
+        for (toml, key, why) in [
+            ("[mqtt]\nbroker = \"http://x\"", "mqtt.broker", "bad broker URL"),
+            ("[mqtt]\nbroker = \"mqtts://x\"", "mqtt.broker", "TLS"),
+            ("[mqtt]\nqos = 0", "mqtt.qos", "not 1 or 2"),
+            ("[mqtt]\nwindow = 0", "mqtt.window", "1..=1024"),
+            ("[mqtt]\nbacklog = 0", "mqtt.backlog", "outside"),
+            ("[mqtt]\ntopic_prefix = \"a/#/\"", "mqtt.topic_prefix", "may not contain"),
+            ("[mqtt]\nstate = \"\"", "mqtt.state", "folder"),
+            (
+                "[[mqtt.publish]]\ndevice = \"nope\"\ntopic = \"t\"",
+                "mqtt.publish",
+                "entry 1 (device `nope`): no such device",
+            ),
+            (
+                "[[mqtt.publish]]\ndevice = \"temp0\"\ntopic = \"t/+\"",
+                "mqtt.publish",
+                "may not contain",
+            ),
+            (
+                "[[mqtt.publish]]\ndevice = \"temp0\"\ntopic = \"t\"\nmin_interval = \"soon\"",
+                "mqtt.publish",
+                "min_interval",
+            ),
+            (
+                "[[mqtt.command]]\ntopic = \"c\"\ndevice = \"zz\"",
+                "mqtt.command",
+                "no device `zz`",
+            ),
+            (
+                "[[mqtt.command]]\ntopic = \"c\"\ndevice = \"temp0\"",
+                "mqtt.command",
+                "is a sensor",
+            ),
+            (
+                "[[mqtt.command]]\ntopic = \"c/#\"\ndevice = \"led0\"",
+                "mqtt.command",
+                "may not contain",
+            ),
+            (
+                "[[mqtt.command]]\ntopic = \"c\"\ndevice = \"led0\"\n[[mqtt.command]]\ntopic = \"c\"\ndevice = \"led0\"",
+                "mqtt.command",
+                "entry 2 (topic \"c\"): the topic is given twice",
+            ),
+            (
+                "[[mqtt.observe]]\nuri = \"http://h/x\"\ntopic = \"t\"",
+                "mqtt.observe",
+                "unsupported scheme",
+            ),
+            (
+                "[[mqtt.observe]]\nuri = \"coap://h/x\"\ntopic = \"\"",
+                "mqtt.observe",
+                "1..=65535 bytes",
+            ),
+            (
+                "[[mqtt.observe]]\nuri = \"coap://h/x\"\ntopic = \"t\"\naccept = \"text/html\"",
+                "mqtt.observe",
+                "unknown Content-Format",
+            ),
+        ] {
+            let e = Config::from_toml(toml).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(why), "{toml}: {e}");
+        }
+        // unknown keys are refused by name, in the section and its entries
+        for (toml, word) in [
+            ("[mqtt]\nbrokr = \"x\"", "brokr"),
+            (
+                "[[mqtt.command]]\ntopic = \"c\"\nactuator = \"led0\"",
+                "actuator",
+            ),
+        ] {
+            let e = Config::from_toml(toml).unwrap_err().to_string();
+            assert!(e.contains(word), "{toml}: {e}");
+        }
     }
 }

@@ -21,6 +21,7 @@ use mintgate_coap::server::{PathTaken, Request, Resource, ResponseBuilder};
 use mintgate_coap::wire::{Code, ContentFormat, OptionNumber};
 use mintgate_devices::{Device, DeviceError, DeviceManager, DeviceSpec, Direction};
 
+use crate::bridge::MqttBridge;
 use crate::observe::Notifier;
 use crate::pipeline::Gateway;
 
@@ -33,6 +34,9 @@ pub enum DeviceHostError {
     /// A device's resource path is taken.
     #[error(transparent)]
     Path(#[from] PathTaken),
+    /// The MQTT bridges could not start.
+    #[error(transparent)]
+    Bridge(#[from] crate::bridge::BridgeError),
 }
 
 /// The CoAP path of a device: `sensors/NAME` or `actuators/NAME`.
@@ -345,18 +349,43 @@ pub fn render_metrics(m: &DeviceManager, out: &mut String) {
     }
 }
 
-/// The devices of a running gateway, served as resources.
+/// The devices of a running gateway, served as resources, and the MQTT
+/// bridges when `[mqtt]` is enabled.
 pub struct DeviceHost {
+    // dropped first: the bridges stop before anything they watch
+    bridge: Option<MqttBridge>,
     manager: DeviceManager,
     notifier: Notifier,
     max_block: usize,
 }
 
 impl DeviceHost {
-    /// Creates the configured devices and links and serves them on `gw`.
+    /// Creates the configured devices, starts the MQTT bridges when
+    /// `mqtt.enabled` (they register the `mqtt(TOPIC)` output kind), adds
+    /// the configured links and serves it all on `gw`.
     pub fn start(cfg: &crate::Config, gw: &Gateway) -> Result<DeviceHost, DeviceHostError> {
-        let manager = DeviceManager::start(&cfg.devices, &cfg.directpath)?;
-        DeviceHost::attach(manager, gw, cfg.coap.max_payload)
+        let no_links = mintgate_devices::directpath::DirectPathConfig {
+            links: Vec::new(),
+            ..cfg.directpath.clone()
+        };
+        let manager = DeviceManager::start(&cfg.devices, &no_links)?;
+        let bridge = if cfg.mqtt.enabled {
+            Some(MqttBridge::start(&cfg.mqtt, &manager, Some(gw.manager()))?)
+        } else {
+            None
+        };
+        manager.add_links(&cfg.directpath.links)?;
+        let mut host = DeviceHost::attach(manager, gw, cfg.coap.max_payload)?;
+        if let Some(b) = bridge {
+            gw.add_metrics_source(b.metrics_source());
+            host.bridge = Some(b);
+        }
+        Ok(host)
+    }
+
+    /// The MQTT bridges, when running.
+    pub fn bridge(&self) -> Option<&MqttBridge> {
+        self.bridge.as_ref()
     }
 
     /// Serves the devices of `manager` on `gw` (responses of at most
@@ -375,6 +404,7 @@ impl DeviceHost {
                 n.notify(&format!("actuators/{name}"));
             }));
         let host = DeviceHost {
+            bridge: None,
             manager,
             notifier,
             max_block: max_payload.clamp(16, 1024),
@@ -397,7 +427,7 @@ impl DeviceHost {
         let n = self.notifier.clone();
         let path = resource_path(dev);
         let last = AtomicU64::new(f64::NAN.to_bits());
-        dev.watch(Arc::new(move |_, v| {
+        dev.watch(Arc::new(move |_, v, _| {
             if last.swap(v.to_bits(), Ordering::Relaxed) != v.to_bits() {
                 n.notify(&path);
             }

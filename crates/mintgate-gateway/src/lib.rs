@@ -1,10 +1,13 @@
-//! The mintgate gateway: configuration, the Interaction pipeline over UDP and
-//! the built-in resources.
+//! The mintgate gateway: configuration, the Interaction pipeline over UDP,
+//! the built-in resources, devices served as resources, the client side of
+//! Observe and the MQTT bridges.
 
+pub mod bridge;
 pub mod config;
 pub mod devices;
 pub mod metrics;
 pub mod observe;
+pub mod observe_client;
 pub mod pipeline;
 pub mod queue;
 pub mod resources;

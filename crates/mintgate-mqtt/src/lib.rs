@@ -7,9 +7,11 @@
 //!   acknowledgements, retransmission after a connection loss).
 //! - [`store`]: its persistence (`redb`), durable on enqueue.
 //! - [`publisher`]: the driver over a broker connection and the
-//!   [`Publisher`] handle that the CLI, the lab and (later) the bridges feed.
+//!   [`Publisher`] handle that the CLI, the lab and the gateway's bridges feed.
 //! - [`reorder`]: the receiving side as a sans-IO state machine.
 //! - [`subscriber`]: a subscription feeding a [`Reorder`] buffer.
+//! - [`listener`]: a subscription handing raw (topic, payload) pairs to a
+//!   handler (the bridge's command topics).
 //! - [`broker`]: the embedded broker (rumqttd) and a mosquitto launcher.
 //! - [`plain`]: plain QoS 1/2 publishing without the queue (the lab's
 //!   baselines).
@@ -17,6 +19,7 @@
 
 pub mod broker;
 pub mod conn;
+pub mod listener;
 pub mod payload;
 pub mod plain;
 pub mod publisher;
@@ -26,6 +29,7 @@ pub mod store;
 pub mod subscriber;
 
 pub use conn::{BrokerUrl, Qos, Version};
+pub use listener::{Listener, ListenerConfig, ListenerControl};
 pub use payload::{decode, Envelope};
 pub use publisher::{Publisher, PublisherConfig};
 pub use queue::PubQueue;

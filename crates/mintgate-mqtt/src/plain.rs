@@ -98,3 +98,46 @@ async fn next(
         .await
         .map_err(|_| format!("timed out after {timeout:?}"))?
 }
+
+/// Publishes each of `payloads` as is (no envelope) to `topic` at QoS 1,
+/// one at a time, and waits for each PUBACK (at most `timeout` in all):
+/// what an ordinary MQTT client sends, e.g. a command to the gateway's
+/// bridge.
+pub fn publish_raw(
+    url: &BrokerUrl,
+    topic: &str,
+    payloads: &[Vec<u8>],
+    timeout: Duration,
+) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting a runtime: {e}"))?;
+    rt.block_on(async {
+        let o = ConnOptions::new(format!("mg-raw-{:08x}", rand::random::<u32>()));
+        let mut conn = Conn::start(url, &o);
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !matches!(
+            next(&mut conn, deadline, timeout).await?,
+            LinkEvent::Connected { .. }
+        ) {}
+        for p in payloads {
+            conn.publish(topic, Qos::AtLeastOnce, p.clone())?;
+            loop {
+                match next(&mut conn, deadline, timeout).await? {
+                    LinkEvent::Acked(_, Ok(())) => break,
+                    LinkEvent::Acked(pkid, Err(e)) => {
+                        return Err(format!("packet {pkid} refused: {e}"))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        conn.disconnect();
+        let _ = tokio::time::timeout(Duration::from_millis(200), async {
+            while conn.next().await.is_ok() {}
+        })
+        .await;
+        Ok(())
+    })
+}

@@ -1,0 +1,256 @@
+//! `coap://` URIs (RFC 7252 section 6.4): split into a destination and the
+//! Uri-Host, Uri-Path and Uri-Query options a request carries.
+//!
+//! Pure: a host name is kept as a name; resolving it is the caller's I/O.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::wire::OptionNumber;
+
+/// The default CoAP port (RFC 7252 6.1).
+pub const DEFAULT_PORT: u16 = 5683;
+
+/// The host of a URI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Host {
+    /// An IPv4 address or an IPv6 address written in brackets.
+    Ip(IpAddr),
+    /// A registered name, lower-cased and percent-decoded.
+    Name(String),
+}
+
+/// A parsed `coap://host[:port]/path?query`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoapUri {
+    /// The host.
+    pub host: Host,
+    /// The port (5683 when absent).
+    pub port: u16,
+    /// Uri-Host (for a name), Uri-Path and Uri-Query options, in that order.
+    pub options: Vec<(OptionNumber, Vec<u8>)>,
+}
+
+/// Why a string is not a usable `coap://` URI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UriError(pub String);
+
+impl fmt::Display for UriError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UriError {}
+
+macro_rules! bail {
+    ($($t:tt)*) => { return Err(UriError(format!($($t)*))) };
+}
+
+impl std::str::FromStr for CoapUri {
+    type Err = UriError;
+    fn from_str(s: &str) -> Result<CoapUri, UriError> {
+        parse(s)
+    }
+}
+
+/// Splits a `coap://host[:port]/path?query` URI into destination and
+/// options, following the steps of RFC 7252 section 6.4.
+pub fn parse(s: &str) -> Result<CoapUri, UriError> {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        bail!("expected coap://host[:port]/path");
+    };
+    if !scheme.eq_ignore_ascii_case("coap") {
+        bail!("unsupported scheme '{scheme}': only coap:// (CoAP over UDP, no DTLS) is supported");
+    }
+    if rest.contains('#') {
+        bail!("a CoAP URI must not have a fragment ('#...')");
+    }
+    let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path_query) = rest.split_at(auth_end);
+    if authority.contains('@') {
+        bail!("user information ('user@') is not allowed in a CoAP URI");
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            bail!("missing ']' after the IPv6 address");
+        };
+        if addr.contains('%') {
+            bail!("IPv6 zone identifiers are not supported");
+        }
+        let Ok(ip) = addr.parse::<Ipv6Addr>() else {
+            bail!("'{addr}' is not an IPv6 address");
+        };
+        let port = match after {
+            "" => None,
+            p => match p.strip_prefix(':') {
+                Some(p) => Some(p),
+                None => bail!("unexpected '{p}' after the IPv6 address"),
+            },
+        };
+        (Host::Ip(IpAddr::V6(ip)), port)
+    } else {
+        let (h, p) = match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        };
+        if h.is_empty() {
+            bail!("missing host");
+        }
+        if h.contains(':') {
+            bail!("an IPv6 address must be written in brackets, e.g. coap://[::1]/");
+        }
+        let host = match h.parse::<Ipv4Addr>() {
+            Ok(ip) => Host::Ip(IpAddr::V4(ip)),
+            Err(_) => {
+                let name = percent_decode(h).map_err(|e| UriError(format!("in the host: {e}")))?;
+                let Ok(name) = String::from_utf8(name) else {
+                    bail!("the host name is not UTF-8");
+                };
+                let name = name.to_ascii_lowercase();
+                if name.is_empty() || name.len() > 255 {
+                    bail!("host name must be 1 to 255 bytes long");
+                }
+                Host::Name(name)
+            }
+        };
+        (host, p)
+    };
+    let port = match port {
+        None | Some("") => DEFAULT_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => bail!("invalid port '{p}' (1-65535)"),
+        },
+    };
+
+    let mut options = Vec::new();
+    if let Host::Name(name) = &host {
+        options.push((OptionNumber::URI_HOST, name.clone().into_bytes()));
+    }
+    let (path, query) = match path_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_query, None),
+    };
+    if !path.is_empty() && path != "/" {
+        let segments = path.strip_prefix('/').unwrap_or(path);
+        for seg in segments.split('/') {
+            let v = percent_decode(seg)
+                .map_err(|e| UriError(format!("in path segment '{seg}': {e}")))?;
+            if v.len() > 255 {
+                bail!("path segment '{seg}' is longer than 255 bytes");
+            }
+            options.push((OptionNumber::URI_PATH, v));
+        }
+    }
+    if let Some(q) = query.filter(|q| !q.is_empty()) {
+        for arg in q.split('&') {
+            let v = percent_decode(arg)
+                .map_err(|e| UriError(format!("in query parameter '{arg}': {e}")))?;
+            if v.len() > 255 {
+                bail!("query parameter '{arg}' is longer than 255 bytes");
+            }
+            options.push((OptionNumber::URI_QUERY, v));
+        }
+    }
+    Ok(CoapUri {
+        host,
+        port,
+        options,
+    })
+}
+
+/// Decodes `%XX` escapes.
+fn percent_decode(s: &str) -> Result<Vec<u8>, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        if c == b'%' {
+            match (hex_digit(b.get(i + 1)), hex_digit(b.get(i + 2))) {
+                (Some(hi), Some(lo)) => out.push(hi << 4 | lo),
+                _ => return Err(format!("bad percent-encoding at '{}'", &s[i..])),
+            }
+            i += 3;
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The value of one hex digit.
+fn hex_digit(c: Option<&u8>) -> Option<u8> {
+    c.and_then(|c| (*c as char).to_digit(16)).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(u: &CoapUri) -> Vec<(u16, String)> {
+        u.options
+            .iter()
+            .map(|(n, v)| (n.0, String::from_utf8_lossy(v).into_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn parses_ipv4_ipv6_and_names() {
+        let u = parse("coap://127.0.0.1:5699/request").unwrap();
+        assert_eq!(u.host, Host::Ip("127.0.0.1".parse().unwrap()));
+        assert_eq!(u.port, 5699);
+        assert_eq!(opts(&u), vec![(11, "request".into())]);
+
+        let u = parse("coap://[::1]/a/b?x=1&y=%20z").unwrap();
+        assert_eq!(u.host, Host::Ip("::1".parse().unwrap()));
+        assert_eq!(u.port, 5683);
+        assert_eq!(
+            opts(&u),
+            vec![
+                (11, "a".into()),
+                (11, "b".into()),
+                (15, "x=1".into()),
+                (15, "y= z".into())
+            ]
+        );
+
+        let u = parse("COAP://Example.COM:61616").unwrap();
+        assert_eq!(u.host, Host::Name("example.com".into()));
+        assert_eq!(opts(&u), vec![(3, "example.com".into())]);
+        assert_eq!(parse("coap://[::1]:7/").unwrap().port, 7);
+    }
+
+    #[test]
+    fn percent_decodes_path_segments_and_keeps_empty_ones() {
+        let u = parse("coap://h/a%2Fb/%C3%A9/").unwrap();
+        assert_eq!(
+            opts(&u)[1..],
+            [(11, "a/b".into()), (11, "é".into()), (11, "".into())]
+        );
+    }
+
+    #[test]
+    fn rejects_bad_uris_with_reasons() {
+        for (uri, why) in [
+            ("http://h/", "unsupported scheme"),
+            ("coaps://h/", "unsupported scheme"),
+            ("h/path", "expected coap://"),
+            ("coap:///path", "missing host"),
+            ("coap://h:0/", "invalid port"),
+            ("coap://h:99999/", "invalid port"),
+            ("coap://h:x/", "invalid port"),
+            ("coap://[::1/", "missing ']'"),
+            ("coap://[zz]/", "not an IPv6 address"),
+            ("coap://::1/", "in brackets"),
+            ("coap://h/a%zz", "percent-encoding"),
+            ("coap://h/a%4", "percent-encoding"),
+            ("coap://h/a#frag", "fragment"),
+            ("coap://u@h/", "user information"),
+        ] {
+            let e = parse(uri).unwrap_err().to_string();
+            assert!(e.contains(why), "{uri}: {e}");
+        }
+    }
+}

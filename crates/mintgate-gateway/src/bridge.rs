@@ -1,0 +1,1160 @@
+//! The MQTT bridges (SPEC section 6; configured in `[mqtt]`,
+//! `docs/mqtt.md`):
+//!
+//! - devices -> topics: every new value of a device (a sensor's sample or
+//!   edge, an actuator write from CoAP, MQTT or the direct path) is
+//!   published to `{topic_prefix}sensors/NAME` or
+//!   `{topic_prefix}actuators/NAME` (`publish_devices`), and to the topics
+//!   of `[[mqtt.publish]]` entries (optionally at most one value per
+//!   `min_interval`);
+//! - direct path -> topics: the `mqtt(TOPIC)` output kind, so that a link
+//!   such as `temp0 | threshold(23, 21) -> mqtt(alerts/temp)` publishes
+//!   when its filters pass;
+//! - Observe -> topics: each `[[mqtt.observe]]` entry observes a CoAP
+//!   resource (any server) and publishes every notification;
+//! - topics -> actuators: each `[[mqtt.command]]` entry subscribes to a
+//!   topic and writes what arrives (a number, `on`/`off`, or JSON with a
+//!   `value`) to an actuator. A payload that is none of these, or a write
+//!   that fails, is counted and logged, never fatal.
+//!
+//! Everything published goes through one persistent publish queue
+//! ([`mintgate_mqtt::Publisher`]): durable before it is sent, QoS 1 with one
+//! message in flight by default, resent in order after a broker outage or a
+//! restart, each message in the queue's JSON envelope (`pub`, `seq`, `ts`,
+//! `msg`). The body (`msg`) is JSON: `{"device":"temp0","value":22.513,
+//! "unit":"Cel","ts":1732550400123}` for a device value or a link output,
+//! `{"uri":"coap://…","observe":7,"ct":0,"payload":"22.5","value":22.5,
+//! "ts":…}` for a notification (`value` when the payload is a number).
+//!
+//! Watch callbacks and the `mqtt` output run on driver threads and on the
+//! direct path's high-priority worker: they only stamp the value and offer
+//! it to a bounded channel (`backlog`), never block, and count what a full
+//! channel drops. One publishing thread takes the values off in order and
+//! enqueues them (a durable write); the command listener and each observed
+//! resource have a thread of their own. These threads are Application
+//! Services of the gateway's Thread Pool Manager when one is given.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mintgate_coap::uri::CoapUri;
+use mintgate_coap::wire::ContentFormat;
+use mintgate_devices::directpath::{Event, OutputSink};
+use mintgate_devices::{Device, DeviceManager, Direction};
+use mintgate_mqtt::broker::EmbeddedBroker;
+use mintgate_mqtt::conn::check_topic;
+use mintgate_mqtt::publisher::Status;
+use mintgate_mqtt::{
+    BrokerUrl, Listener, ListenerConfig, ListenerControl, Publisher, PublisherConfig, Qos,
+};
+use mintgate_sched::ThreadPoolManager;
+
+use crate::config::MqttSection;
+use crate::devices::{fmt_value, parse_put, resource_path};
+use crate::observe_client::{resolve, Observation, ObserveEvent};
+use crate::pipeline::MetricsSource;
+
+/// Why the bridges could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BridgeError {
+    /// A configuration entry cannot be served (unknown device, ...).
+    #[error("invalid config value {key}: {why}")]
+    Config {
+        /// The key, dotted.
+        key: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// The embedded broker did not start.
+    #[error("starting the embedded MQTT broker: {0}")]
+    Broker(std::io::Error),
+    /// The publish queue did not start (its store, most often).
+    #[error("starting the MQTT publish queue: {0}")]
+    Publisher(#[from] mintgate_mqtt::publisher::PublishError),
+    /// A thread could not be started.
+    #[error("starting an MQTT bridge thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// The bridges' counters (also served as Prometheus metrics).
+#[derive(Debug, Default)]
+pub struct BridgeCounters {
+    /// Messages put in the publish queue (durable).
+    pub enqueued: AtomicU64,
+    /// Values dropped because the backlog was full.
+    pub dropped_backlog: AtomicU64,
+    /// Values lost because the queue refused them (its store failed).
+    pub dropped_error: AtomicU64,
+    /// Values skipped by a `min_interval`.
+    pub skipped: AtomicU64,
+    /// Commands written to their actuator.
+    pub commands_applied: AtomicU64,
+    /// Commands refused: a payload that is not a value, or a failed write.
+    pub commands_rejected: AtomicU64,
+    /// Notifications received from observed resources.
+    pub observe_notifications: AtomicU64,
+    /// Registrations sent to observed resources (first ones and renewals).
+    pub observe_registrations: AtomicU64,
+}
+
+/// A device route: the device's values to one topic.
+struct Route {
+    device: String,
+    topic: String,
+    unit: Option<String>,
+    /// 0: every value.
+    min_interval_ns: u64,
+    /// When the last value passed, ns since the hub's start (`NEVER`: none).
+    last_ns: AtomicU64,
+}
+
+const NEVER: u64 = u64::MAX;
+
+/// One value on its way to the publishing thread.
+enum Item {
+    /// A device's new value.
+    Value {
+        route: Arc<Route>,
+        value: f64,
+        unix_ms: u64,
+    },
+    /// A link's `mqtt(TOPIC)` output.
+    Link {
+        topic: Arc<str>,
+        input: u32,
+        value: f64,
+        unix_ms: u64,
+    },
+    /// A notification of an observed resource.
+    Observed {
+        topic: Arc<str>,
+        uri: Arc<str>,
+        observe: Option<u32>,
+        content_format: Option<u16>,
+        payload: Vec<u8>,
+        unix_ms: u64,
+    },
+}
+
+/// What the producers share: the channel's sending side and the counters.
+struct Hub {
+    tx: SyncSender<Item>,
+    counters: Arc<BridgeCounters>,
+    closed: AtomicBool,
+    t0: Instant,
+}
+
+impl Hub {
+    /// Offers an item without blocking; false when it was dropped.
+    fn offer(&self, item: Item) -> bool {
+        if self.closed.load(Relaxed) {
+            return false;
+        }
+        match self.tx.try_send(item) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                self.counters.dropped_backlog.fetch_add(1, Relaxed);
+                false
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// A device's new value, recorded at `unix_ms` (runs on the thread that
+    /// recorded it).
+    fn value(&self, route: &Arc<Route>, value: f64, unix_ms: u64) {
+        if route.min_interval_ns > 0 {
+            let now = self.t0.elapsed().as_nanos() as u64;
+            let last = route.last_ns.load(Relaxed);
+            if last != NEVER && now.saturating_sub(last) < route.min_interval_ns {
+                self.counters.skipped.fetch_add(1, Relaxed);
+                return;
+            }
+            route.last_ns.store(now, Relaxed);
+        }
+        self.offer(Item::Value {
+            route: route.clone(),
+            value,
+            unix_ms,
+        });
+    }
+}
+
+fn unix_ms() -> u64 {
+    mintgate_mqtt::payload::now_ms()
+}
+
+/// The `mqtt(TOPIC)` output of a direct-path link.
+struct MqttOut {
+    topic: Arc<str>,
+    hub: Arc<Hub>,
+}
+
+impl OutputSink for MqttOut {
+    fn describe(&self) -> String {
+        format!("mqtt({})", self.topic)
+    }
+
+    fn fire(&self, value: f64, ev: &Event) -> Result<(), String> {
+        if self.hub.closed.load(Relaxed) {
+            return Err("the MQTT bridge has stopped".into());
+        }
+        if self.hub.offer(Item::Link {
+            topic: self.topic.clone(),
+            input: ev.input,
+            value,
+            unix_ms: unix_ms(),
+        }) {
+            Ok(())
+        } else {
+            Err("the MQTT bridge's backlog is full".into())
+        }
+    }
+}
+
+/// At most one warning a second; the ones in between are counted and
+/// mentioned in the next.
+struct LogLimit {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogLimit {
+    fn new() -> LogLimit {
+        LogLimit {
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    fn warn(&mut self, msg: std::fmt::Arguments<'_>) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            self.suppressed += 1;
+            return;
+        }
+        if self.suppressed > 0 {
+            tracing::warn!("{msg} ({} similar warnings suppressed)", self.suppressed);
+        } else {
+            tracing::warn!("{msg}");
+        }
+        self.last = Some(Instant::now());
+        self.suppressed = 0;
+    }
+}
+
+/// Parses a command payload: a number, `on`/`off`/`true`/`false`, a JSON
+/// object with a numeric or boolean `value`, or any of these as the `msg`
+/// of a publish-queue envelope. Total: never panics, whatever the bytes.
+pub fn parse_command(payload: &[u8]) -> Result<f64, String> {
+    if let Ok(env) = mintgate_mqtt::decode(payload) {
+        return parse_value_text(env.msg.as_bytes());
+    }
+    parse_value_text(payload)
+}
+
+fn parse_value_text(payload: &[u8]) -> Result<f64, String> {
+    let text = std::str::from_utf8(payload).map(str::trim).unwrap_or("");
+    if text.starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| format!("the payload is not valid JSON: {e}"))?;
+        return match v.get("value") {
+            Some(serde_json::Value::Number(n)) => n
+                .as_f64()
+                .filter(|f| f.is_finite())
+                .ok_or_else(|| "`value` is not a finite number".to_string()),
+            Some(serde_json::Value::Bool(b)) => Ok(if *b { 1.0 } else { 0.0 }),
+            Some(serde_json::Value::String(s)) => parse_put(s.as_bytes()),
+            _ => Err("a JSON command needs a numeric `value`".into()),
+        };
+    }
+    parse_put(payload)
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+fn json_num(v: f64) -> String {
+    if v.is_finite() {
+        fmt_value(v)
+    } else {
+        "null".into()
+    }
+}
+
+fn value_body(device: &str, unit: Option<&str>, value: f64, unix_ms: u64) -> String {
+    let unit = unit
+        .map(|u| format!(",\"unit\":{}", json_str(u)))
+        .unwrap_or_default();
+    format!(
+        "{{\"device\":{},\"value\":{}{unit},\"ts\":{unix_ms}}}",
+        json_str(device),
+        json_num(value)
+    )
+}
+
+fn observed_body(
+    uri: &str,
+    observe: Option<u32>,
+    cf: Option<u16>,
+    payload: &[u8],
+    unix_ms: u64,
+) -> String {
+    let text = String::from_utf8_lossy(payload);
+    let value = text
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .map(|v| format!(",\"value\":{}", json_num(v)))
+        .unwrap_or_default();
+    let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
+    format!(
+        "{{\"uri\":{},\"observe\":{},\"ct\":{},\"payload\":{}{value},\"ts\":{unix_ms}}}",
+        json_str(uri),
+        opt(observe.map(u64::from)),
+        opt(cf.map(u64::from)),
+        json_str(&text)
+    )
+}
+
+fn spawn(
+    services: Option<&ThreadPoolManager>,
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, BridgeError> {
+    match services {
+        Some(m) => m.spawn_service(name, f),
+        None => std::thread::Builder::new().name(name.into()).spawn(f),
+    }
+    .map_err(BridgeError::Thread)
+}
+
+/// Sleeps `d` in short steps; false when asked to stop meanwhile.
+fn sleep_running(stop: &AtomicBool, d: Duration) -> bool {
+    let end = Instant::now() + d;
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        if stop.load(Relaxed) {
+            return false;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+    !stop.load(Relaxed)
+}
+
+/// How long the queue may take to get its last messages acknowledged when
+/// the bridges stop (what is left stays in the store for the next start).
+const CLOSE_DRAIN: Duration = Duration::from_secs(2);
+
+/// Most items the publishing thread takes off the channel at once.
+const BATCH: usize = 256;
+
+/// The running bridges; dropping them stops them.
+pub struct MqttBridge {
+    broker: BrokerUrl,
+    hub: Arc<Hub>,
+    publisher: Option<Arc<Publisher>>,
+    listener: Option<ListenerControl>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    watches: Vec<(Arc<Device>, u64)>,
+    routes: Vec<(String, String)>,
+    /// Kept so that the broker's addresses stay documented; rumqttd itself
+    /// cannot be stopped and lives until the process exits.
+    _embedded: Option<EmbeddedBroker>,
+}
+
+impl MqttBridge {
+    /// Starts the bridges `cfg` describes for the devices of `manager`
+    /// (whether or not `cfg.enabled` is set) and registers the `mqtt` output
+    /// kind on its direct path; configured links naming `mqtt(...)` must be
+    /// added after this. Threads join `services`' Application Service
+    /// group when given.
+    pub fn start(
+        cfg: &MqttSection,
+        manager: &DeviceManager,
+        services: Option<&ThreadPoolManager>,
+    ) -> Result<MqttBridge, BridgeError> {
+        let bad = |key, why: String| BridgeError::Config { key, why };
+        cfg.validate(
+            &manager
+                .list()
+                .iter()
+                .map(|d| d.spec().clone())
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| match e {
+            crate::config::ConfigError::Value { key, why } => bad(key, why),
+            other => bad("mqtt", other.to_string()),
+        })?;
+
+        // Routes first: a configuration error should not leave a broker
+        // started for nothing.
+        let mut routes: Vec<Arc<Route>> = Vec::new();
+        let mut route_devs: Vec<Arc<Device>> = Vec::new();
+        if cfg.publish_devices {
+            for dev in manager.list() {
+                routes.push(Arc::new(Route {
+                    device: dev.name().to_string(),
+                    topic: format!("{}{}", cfg.topic_prefix, resource_path(&dev)),
+                    unit: dev.spec().unit.clone(),
+                    min_interval_ns: 0,
+                    last_ns: AtomicU64::new(NEVER),
+                }));
+                route_devs.push(dev);
+            }
+        }
+        for p in &cfg.publish {
+            let dev = manager
+                .get(&p.device)
+                .ok_or_else(|| bad("mqtt.publish", format!("no device `{}`", p.device)))?;
+            let min = p
+                .min_interval
+                .as_deref()
+                .map(crate::config::parse_duration)
+                .transpose()
+                .map_err(|e| bad("mqtt.publish", e))?
+                .unwrap_or_default();
+            routes.push(Arc::new(Route {
+                device: p.device.clone(),
+                topic: p.topic.clone(),
+                unit: dev.spec().unit.clone(),
+                min_interval_ns: min.as_nanos() as u64,
+                last_ns: AtomicU64::new(NEVER),
+            }));
+            route_devs.push(dev);
+        }
+        for r in &routes {
+            check_topic(&r.topic).map_err(|e| bad("mqtt.topic_prefix", e))?;
+        }
+        let mut commands: HashMap<String, Arc<Device>> = HashMap::new();
+        for c in &cfg.command {
+            let dev = manager
+                .get(&c.device)
+                .ok_or_else(|| bad("mqtt.command", format!("no device `{}`", c.device)))?;
+            if dev.direction() != Direction::Actuator {
+                return Err(bad(
+                    "mqtt.command",
+                    format!("`{}` is a sensor, not an actuator", c.device),
+                ));
+            }
+            // A command topic the bridge also publishes to would feed the
+            // actuator its own echo.
+            if let Some(r) = routes.iter().find(|r| r.topic == c.topic) {
+                return Err(bad(
+                    "mqtt.command",
+                    format!(
+                        "topic {:?} is also where device `{}` is published",
+                        c.topic, r.device
+                    ),
+                ));
+            }
+            if cfg.observe.iter().any(|o| o.topic == c.topic) {
+                return Err(bad(
+                    "mqtt.command",
+                    format!("topic {:?} is also an [[mqtt.observe]] topic", c.topic),
+                ));
+            }
+            commands.insert(c.topic.clone(), dev);
+        }
+        let mut observes = Vec::new();
+        for o in &cfg.observe {
+            let uri: CoapUri = mintgate_coap::uri::parse(&o.uri)
+                .map_err(|e| bad("mqtt.observe", e.to_string()))?;
+            let accept = o
+                .accept
+                .as_deref()
+                .map(|a| {
+                    ContentFormat::parse(a)
+                        .ok_or_else(|| bad("mqtt.observe", format!("accept: unknown {a:?}")))
+                })
+                .transpose()?;
+            observes.push((
+                Arc::<str>::from(o.uri.as_str()),
+                uri,
+                accept,
+                Arc::<str>::from(o.topic.as_str()),
+            ));
+        }
+
+        let (broker, embedded) = match cfg.broker_url().map_err(|e| bad("mqtt.broker", e))? {
+            Some(url) => (url, None),
+            None => {
+                for a in [cfg.embedded_listen, cfg.embedded_listen5] {
+                    // rumqttd reports a taken port only in its log, and a
+                    // connection would then reach whatever holds it.
+                    if a.port() != 0 {
+                        std::net::TcpListener::bind(a).map_err(|e| {
+                            BridgeError::Broker(std::io::Error::new(
+                                e.kind(),
+                                format!(
+                                    "cannot listen on {a} ({e}); another broker there? set \
+                                     mqtt.broker to its URL, or mqtt.embedded_listen/\
+                                     embedded_listen5 to free ports"
+                                ),
+                            ))
+                        })?;
+                    }
+                }
+                let b = EmbeddedBroker::start(cfg.embedded_listen, cfg.embedded_listen5)
+                    .map_err(BridgeError::Broker)?;
+                tracing::info!(
+                    "embedded MQTT broker on mqtt://{} (3.1.1) and mqtt5://{} (5)",
+                    b.addr(),
+                    b.addr_v5()
+                );
+                (b.url(), Some(b))
+            }
+        };
+        let qos = Qos::from_level(cfg.qos).unwrap_or(Qos::AtLeastOnce);
+        let mut pc = PublisherConfig::new(broker.clone());
+        pc.qos = qos;
+        pc.window = cfg.window;
+        pc.state = cfg.persist.then(|| cfg.state.clone());
+        let publisher = Arc::new(Publisher::start(pc)?);
+        let status = publisher.status();
+        if status.resumed > 0 {
+            tracing::info!(
+                unacked = status.resumed,
+                "MQTT publish queue: resending what the last run left unacknowledged"
+            );
+        }
+
+        let counters = Arc::new(BridgeCounters::default());
+        let (tx, rx) = mpsc::sync_channel(cfg.backlog);
+        let hub = Arc::new(Hub {
+            tx,
+            counters: counters.clone(),
+            closed: AtomicBool::new(false),
+            t0: Instant::now(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut bridge = MqttBridge {
+            broker: broker.clone(),
+            hub: hub.clone(),
+            publisher: Some(publisher.clone()),
+            listener: None,
+            stop: stop.clone(),
+            threads: Vec::new(),
+            watches: Vec::new(),
+            routes: routes
+                .iter()
+                .map(|r| (r.device.clone(), r.topic.clone()))
+                .collect(),
+            _embedded: embedded,
+        };
+
+        // the publishing thread
+        {
+            let (stop, m, p) = (stop.clone(), manager.clone(), publisher.clone());
+            let c = counters.clone();
+            bridge.threads.push(spawn(services, "mqtt-bridge", move || {
+                publish_loop(&rx, &stop, &m, &p, &c)
+            })?);
+        }
+        // the direct path's mqtt(TOPIC) output
+        {
+            let hub = hub.clone();
+            manager.directpath().register_output_kind(
+                "mqtt",
+                Arc::new(move |arg: &str| -> Result<Arc<dyn OutputSink>, String> {
+                    let topic = arg.trim();
+                    check_topic(topic).map_err(|e| format!("mqtt({arg}): {e}"))?;
+                    Ok(Arc::new(MqttOut {
+                        topic: topic.into(),
+                        hub: hub.clone(),
+                    }))
+                }),
+            );
+        }
+        // device values: every one recorded from now on
+        for (route, dev) in routes.iter().zip(&route_devs) {
+            let (h, r) = (hub.clone(), route.clone());
+            let id = dev.watch(Arc::new(move |_: &str, v: f64, t: u64| h.value(&r, v, t)));
+            bridge.watches.push((dev.clone(), id));
+        }
+        // commands
+        if !commands.is_empty() {
+            let (listener, control) = Listener::new(ListenerConfig {
+                broker: broker.clone(),
+                filters: commands.keys().cloned().collect(),
+                qos: Qos::AtLeastOnce,
+                client_id: format!("{}-cmd", publisher.publisher_id()),
+                persistent_session: false,
+            });
+            bridge.listener = Some(control);
+            let c = counters.clone();
+            bridge
+                .threads
+                .push(spawn(services, "mqtt-commands", move || {
+                    let mut log = LogLimit::new();
+                    listener.run(|topic, payload| {
+                        apply_command(&commands, topic, payload, &c, &mut log)
+                    });
+                })?);
+        }
+        // observed resources
+        for (i, (text, uri, accept, topic)) in observes.into_iter().enumerate() {
+            let (hub, stop) = (hub.clone(), stop.clone());
+            bridge
+                .threads
+                .push(spawn(services, &format!("mqtt-observe-{i}"), move || {
+                    observe_loop(&hub, &stop, &text, &uri, accept, &topic)
+                })?);
+        }
+        tracing::info!(
+            broker = %broker,
+            publisher = publisher.publisher_id(),
+            device_topics = bridge.routes.len(),
+            commands = cfg.command.len(),
+            observed = cfg.observe.len(),
+            "MQTT bridges running"
+        );
+        Ok(bridge)
+    }
+
+    /// The broker the bridges use (the embedded one's address when
+    /// `broker = "embedded"`).
+    pub fn broker_url(&self) -> &BrokerUrl {
+        &self.broker
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &BridgeCounters {
+        &self.hub.counters
+    }
+
+    /// (device, topic) of every device route.
+    pub fn routes(&self) -> &[(String, String)] {
+        &self.routes
+    }
+
+    /// The publish queue's state.
+    pub fn publisher_status(&self) -> Option<Status> {
+        self.publisher.as_ref().map(|p| p.status())
+    }
+
+    /// The publisher id the envelopes carry.
+    pub fn publisher_id(&self) -> Option<String> {
+        self.publisher
+            .as_ref()
+            .map(|p| p.publisher_id().to_string())
+    }
+
+    /// Waits (at most `timeout`) until the command topics are subscribed;
+    /// true at once when there are none.
+    pub fn wait_commands_subscribed(&self, timeout: Duration) -> bool {
+        self.listener
+            .as_ref()
+            .is_none_or(|l| l.wait_subscribed(timeout))
+    }
+
+    /// The bridges' metrics, for [`crate::Gateway::add_metrics_source`]. It
+    /// holds no strong reference: after the bridges stop it renders the
+    /// last counters and no queue state.
+    pub fn metrics_source(&self) -> MetricsSource {
+        let c = self.hub.counters.clone();
+        let p: Weak<Publisher> = self
+            .publisher
+            .as_ref()
+            .map(Arc::downgrade)
+            .unwrap_or_default();
+        Arc::new(move |out: &mut String| render_metrics(&c, p.upgrade().map(|p| p.status()), out))
+    }
+
+    /// Stops the bridges: no new values are taken, what the backlog holds
+    /// is enqueued, the queue gets [`CLOSE_DRAIN`] to have it acknowledged
+    /// (the rest stays in its store), the command subscription and the
+    /// observations end (with a deregistration).
+    pub fn shutdown(mut self) {
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        for (dev, id) in self.watches.drain(..) {
+            dev.unwatch(id);
+        }
+        self.hub.closed.store(true, Relaxed);
+        self.stop.store(true, Relaxed);
+        if let Some(l) = &self.listener {
+            l.stop();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(p) = self.publisher.take() {
+            let st = match Arc::try_unwrap(p) {
+                Ok(p) => p.close(CLOSE_DRAIN),
+                Err(p) => p.status(), // a metrics render holds it: dropped later
+            };
+            let c = &self.hub.counters;
+            tracing::info!(
+                enqueued = c.enqueued.load(Relaxed),
+                acked = st.queue.acked,
+                unacked = st.unacked,
+                dropped = c.dropped_backlog.load(Relaxed) + c.dropped_error.load(Relaxed),
+                commands_applied = c.commands_applied.load(Relaxed),
+                commands_rejected = c.commands_rejected.load(Relaxed),
+                "MQTT bridges stopped"
+            );
+        }
+    }
+}
+
+impl Drop for MqttBridge {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+fn publish_loop(
+    rx: &Receiver<Item>,
+    stop: &AtomicBool,
+    m: &DeviceManager,
+    p: &Publisher,
+    c: &BridgeCounters,
+) {
+    let mut batch: Vec<Item> = Vec::with_capacity(BATCH);
+    let mut names: HashMap<u32, String> = HashMap::new();
+    let mut log = LogLimit::new();
+    loop {
+        let stopping = stop.load(Relaxed);
+        let wait = if stopping {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(100)
+        };
+        match rx.recv_timeout(wait) {
+            Ok(it) => batch.push(it),
+            Err(mpsc::RecvTimeoutError::Timeout) if !stopping => continue,
+            Err(_) => break, // stopping and drained, or every sender gone
+        }
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(it) => batch.push(it),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        // consecutive messages to one topic go in one durable write
+        let mut run: Option<(Arc<str>, Vec<String>)> = None;
+        for it in batch.drain(..) {
+            let (topic, body): (Arc<str>, String) = match it {
+                Item::Value {
+                    route,
+                    value,
+                    unix_ms,
+                } => (
+                    route.topic.as_str().into(),
+                    value_body(&route.device, route.unit.as_deref(), value, unix_ms),
+                ),
+                Item::Link {
+                    topic,
+                    input,
+                    value,
+                    unix_ms,
+                } => {
+                    let name = names.get(&input).cloned().or_else(|| {
+                        let d = m.list().into_iter().find(|d| d.input_id() == input)?;
+                        names.insert(input, d.name().to_string());
+                        Some(d.name().to_string())
+                    });
+                    let unit = m
+                        .get(name.as_deref().unwrap_or(""))
+                        .and_then(|d| d.spec().unit.clone());
+                    (
+                        topic,
+                        value_body(
+                            name.as_deref().unwrap_or("?"),
+                            unit.as_deref(),
+                            value,
+                            unix_ms,
+                        ),
+                    )
+                }
+                Item::Observed {
+                    topic,
+                    uri,
+                    observe,
+                    content_format,
+                    payload,
+                    unix_ms,
+                } => (
+                    topic,
+                    observed_body(&uri, observe, content_format, &payload, unix_ms),
+                ),
+            };
+            match &mut run {
+                Some((t, bodies)) if **t == *topic => bodies.push(body),
+                _ => {
+                    if let Some((t, bodies)) = run.take() {
+                        enqueue(p, &t, bodies, c, &mut log);
+                    }
+                    run = Some((topic, vec![body]));
+                }
+            }
+        }
+        if let Some((t, bodies)) = run.take() {
+            enqueue(p, &t, bodies, c, &mut log);
+        }
+    }
+}
+
+fn enqueue(
+    p: &Publisher,
+    topic: &str,
+    bodies: Vec<String>,
+    c: &BridgeCounters,
+    log: &mut LogLimit,
+) {
+    let n = bodies.len() as u64;
+    match p.enqueue_many(topic, bodies) {
+        Ok(_) => {
+            c.enqueued.fetch_add(n, Relaxed);
+        }
+        Err(e) => {
+            c.dropped_error.fetch_add(n, Relaxed);
+            log.warn(format_args!(
+                "MQTT bridge: {n} message(s) to {topic:?} lost: {e}"
+            ));
+        }
+    }
+}
+
+fn apply_command(
+    commands: &HashMap<String, Arc<Device>>,
+    topic: &str,
+    payload: &[u8],
+    c: &BridgeCounters,
+    log: &mut LogLimit,
+) {
+    let Some(dev) = commands.get(topic) else {
+        return; // not ours (a broker may deliver overlapping subscriptions)
+    };
+    let outcome = parse_command(payload).and_then(|v| {
+        dev.write(v)
+            .map(|()| v)
+            .map_err(|e| format!("writing {}: {e}", dev.name()))
+    });
+    match outcome {
+        Ok(v) => {
+            c.commands_applied.fetch_add(1, Relaxed);
+            tracing::debug!(topic, device = dev.name(), value = v, "command applied");
+        }
+        Err(why) => {
+            c.commands_rejected.fetch_add(1, Relaxed);
+            log.warn(format_args!(
+                "MQTT command on {topic:?} for `{}` rejected ({} bytes): {why}",
+                dev.name(),
+                payload.len()
+            ));
+        }
+    }
+}
+
+/// How long past a notification's Max-Age the observation may stay silent
+/// before it is registered again (the server may have forgotten us).
+const SILENCE_MARGIN: Duration = Duration::from_secs(10);
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+fn observe_loop(
+    hub: &Hub,
+    stop: &AtomicBool,
+    text: &Arc<str>,
+    uri: &CoapUri,
+    accept: Option<ContentFormat>,
+    topic: &Arc<str>,
+) {
+    let c = &hub.counters;
+    let mut backoff = BACKOFF_MIN;
+    while !stop.load(Relaxed) {
+        let registered =
+            resolve(uri).and_then(|dest| Observation::register(dest, uri.options.clone(), accept));
+        let mut obs = match registered {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(uri = %text, "observing: {e}; trying again in {backoff:?}");
+                if !sleep_running(stop, backoff) {
+                    break;
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        c.observe_registrations.fetch_add(1, Relaxed);
+        let mut heard = Instant::now();
+        let mut max_age = Duration::from_secs(60);
+        let mut count = 0u64;
+        // Some(wait): register again after it; None: stop
+        let again: Option<Duration> = loop {
+            if stop.load(Relaxed) {
+                break None;
+            }
+            let ev = match obs.next_event(Instant::now() + Duration::from_millis(200)) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    tracing::warn!(uri = %text, "observing: {e}");
+                    break Some(backoff);
+                }
+            };
+            match ev {
+                None => {
+                    if obs.answered() && heard.elapsed() > max_age + SILENCE_MARGIN {
+                        tracing::debug!(uri = %text, "no notification for {max_age:?}: registering again");
+                        break Some(Duration::ZERO);
+                    }
+                }
+                Some(ObserveEvent::Notification(n)) => {
+                    count += 1;
+                    heard = n.at;
+                    max_age = Duration::from_secs(n.max_age.unwrap_or(60).into());
+                    backoff = BACKOFF_MIN;
+                    c.observe_notifications.fetch_add(1, Relaxed);
+                    hub.offer(Item::Observed {
+                        topic: topic.clone(),
+                        uri: text.clone(),
+                        observe: n.observe,
+                        content_format: n.content_format,
+                        payload: n.payload,
+                        unix_ms: unix_ms(),
+                    });
+                    if n.observe.is_none() {
+                        if count == 1 {
+                            tracing::warn!(uri = %text, "answered without Observe: not observable; reading it again in {BACKOFF_MAX:?}");
+                            break Some(BACKOFF_MAX);
+                        }
+                        tracing::info!(uri = %text, "the server ended the observation; registering again");
+                        break Some(BACKOFF_MIN);
+                    }
+                }
+                Some(ObserveEvent::Failed(n)) => {
+                    tracing::warn!(uri = %text, code = %n.code, "observing: error answer; trying again in {backoff:?}");
+                    break Some(backoff);
+                }
+                Some(ObserveEvent::NoAnswer) => {
+                    tracing::warn!(uri = %text, "observing: no answer; trying again in {backoff:?}");
+                    break Some(backoff);
+                }
+                Some(ObserveEvent::Reset) => {
+                    tracing::warn!(uri = %text, "observing: registration reset; trying again in {backoff:?}");
+                    break Some(backoff);
+                }
+            }
+        };
+        if obs.answered() {
+            obs.deregister(Duration::from_millis(200));
+        }
+        match again {
+            None => break,
+            Some(d) => {
+                if !sleep_running(stop, d) {
+                    break;
+                }
+                if !d.is_zero() {
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// The bridges' counters and the queue's state in the Prometheus text
+/// format.
+fn render_metrics(c: &BridgeCounters, st: Option<Status>, out: &mut String) {
+    use std::fmt::Write as _;
+    let mut one = |name: &str, kind: &str, help: &str, labels: &[(&str, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (l, v) in labels {
+            let _ = writeln!(out, "{name}{l} {v}");
+        }
+    };
+    let g = |a: &AtomicU64| a.load(Relaxed);
+    one(
+        "mintgate_mqtt_bridge_enqueued_total",
+        "counter",
+        "Messages the bridges put in the publish queue (durable).",
+        &[("", g(&c.enqueued))],
+    );
+    one(
+        "mintgate_mqtt_bridge_dropped_total",
+        "counter",
+        "Values the bridges dropped, by reason (backlog full, queue error).",
+        &[
+            ("{reason=\"backlog\"}", g(&c.dropped_backlog)),
+            ("{reason=\"error\"}", g(&c.dropped_error)),
+        ],
+    );
+    one(
+        "mintgate_mqtt_bridge_skipped_total",
+        "counter",
+        "Device values skipped by a min_interval.",
+        &[("", g(&c.skipped))],
+    );
+    one(
+        "mintgate_mqtt_bridge_commands_total",
+        "counter",
+        "MQTT commands, by result (applied to the actuator, rejected).",
+        &[
+            ("{result=\"applied\"}", g(&c.commands_applied)),
+            ("{result=\"rejected\"}", g(&c.commands_rejected)),
+        ],
+    );
+    one(
+        "mintgate_mqtt_bridge_observe_notifications_total",
+        "counter",
+        "Notifications received from observed CoAP resources.",
+        &[("", g(&c.observe_notifications))],
+    );
+    one(
+        "mintgate_mqtt_bridge_observe_registrations_total",
+        "counter",
+        "Observe registrations sent (first ones and renewals).",
+        &[("", g(&c.observe_registrations))],
+    );
+    if let Some(st) = st {
+        one(
+            "mintgate_mqtt_published_total",
+            "counter",
+            "Queued messages the broker acknowledged.",
+            &[("", st.queue.acked)],
+        );
+        one(
+            "mintgate_mqtt_retransmitted_total",
+            "counter",
+            "Queued messages sent again after a lost connection.",
+            &[("", st.queue.retransmitted)],
+        );
+        one(
+            "mintgate_mqtt_unacked",
+            "gauge",
+            "Queued messages not yet acknowledged.",
+            &[("", st.unacked as u64)],
+        );
+        one(
+            "mintgate_mqtt_connected",
+            "gauge",
+            "1 while the publish queue is connected to the broker.",
+            &[("", u64::from(st.connected))],
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse_or_are_refused() {
+        assert_eq!(parse_command(b"1"), Ok(1.0));
+        assert_eq!(parse_command(b" 21.5\n"), Ok(21.5));
+        assert_eq!(parse_command(b"ON"), Ok(1.0));
+        assert_eq!(parse_command(b"off"), Ok(0.0));
+        assert_eq!(parse_command(br#"{"value": 3}"#), Ok(3.0));
+        assert_eq!(parse_command(br#"{"value": true}"#), Ok(1.0));
+        assert_eq!(parse_command(br#"{"value": "off"}"#), Ok(0.0));
+        assert_eq!(
+            parse_command(br#"{"pub":"mg-1","seq":4,"ts":1,"msg":"on"}"#),
+            Ok(1.0)
+        );
+        assert_eq!(
+            parse_command(
+                br#"{"pub":"mg-1","seq":4,"ts":1,"msg":"{\"device\":\"t\",\"value\":7}"}"#
+            ),
+            Ok(7.0)
+        );
+        for bad in [
+            &b"banana"[..],
+            b"",
+            b"nan",
+            b"inf",
+            b"1e999",
+            b"\xff\xfe",
+            b"{",
+            br#"{"value": null}"#,
+            br#"{"v": 1}"#,
+            br#"[1]"#,
+        ] {
+            assert!(parse_command(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bodies_are_json() {
+        let b = value_body("temp0", Some("Cel"), 22.51349, 17);
+        assert_eq!(
+            b,
+            r#"{"device":"temp0","value":22.513,"unit":"Cel","ts":17}"#
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&value_body("a\"b", None, f64::NAN, 1)).unwrap();
+        assert!(v["value"].is_null());
+        assert_eq!(v["device"], "a\"b");
+        let o = observed_body("coap://h/x", Some(7), Some(0), b" 21.5 ", 3);
+        let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+        assert_eq!(v["observe"], 7);
+        assert_eq!(v["value"], 21.5);
+        assert_eq!(v["payload"], " 21.5 ");
+        let o = observed_body("coap://h/x", None, None, b"\xffhi\"", 3);
+        let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+        assert!(v["observe"].is_null() && v.get("value").is_none());
+    }
+
+    #[test]
+    fn a_full_backlog_drops_and_counts() {
+        let (tx, rx) = mpsc::sync_channel(2);
+        let hub = Hub {
+            tx,
+            counters: Arc::default(),
+            closed: AtomicBool::new(false),
+            t0: Instant::now(),
+        };
+        let route = Arc::new(Route {
+            device: "d".into(),
+            topic: "t".into(),
+            unit: None,
+            min_interval_ns: 0,
+            last_ns: AtomicU64::new(NEVER),
+        });
+        for v in 0..5 {
+            hub.value(&route, f64::from(v), 0);
+        }
+        assert_eq!(hub.counters.dropped_backlog.load(Relaxed), 3);
+        let got: Vec<f64> = rx
+            .try_iter()
+            .map(|it| match it {
+                Item::Value { value, .. } => value,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(got, vec![0.0, 1.0], "the first ones, in order");
+        // a min_interval lets the first through and skips the rest
+        let slow = Arc::new(Route {
+            min_interval_ns: 3_600_000_000_000,
+            ..Route {
+                device: "d".into(),
+                topic: "t".into(),
+                unit: None,
+                min_interval_ns: 0,
+                last_ns: AtomicU64::new(NEVER),
+            }
+        });
+        for v in 0..4 {
+            hub.value(&slow, f64::from(v), 0);
+        }
+        assert_eq!(rx.try_iter().count(), 1);
+        assert_eq!(hub.counters.skipped.load(Relaxed), 3);
+        hub.closed.store(true, Relaxed);
+        assert!(!hub.offer(Item::Value {
+            route,
+            value: 1.0,
+            unix_ms: 0
+        }));
+    }
+}
