@@ -103,6 +103,12 @@ fn con_get_is_piggybacked_and_a_duplicate_gets_the_same_bytes() {
     let again = recv(&s).expect("replayed response");
     assert_eq!(first, again, "byte for byte");
     let c = gw.counters();
+    // The handler counts its batch after the send: the answer can arrive
+    // before the count does.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while c.htp_handled.load(Relaxed) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(
         c.htp_handled.load(Relaxed),
         1,
