@@ -35,6 +35,7 @@
 //! value and increase by one per new message, skipping IDs still in use
 //! towards the same peer.
 
+pub mod blockwise;
 mod exchange;
 #[cfg(test)]
 mod tests;
