@@ -5,6 +5,8 @@
 //!   NSTART), driven by explicit `Instant`s.
 //! - [`rto`]: the pluggable retransmission-timeout controllers (RFC 7252
 //!   Basic; CoCoA and Adaptive RTO implement the same trait).
+//! - [`cache`]: the Max-Age cache of other servers' responses, with ETag
+//!   validation (RFC 7252 5.6).
 //!
 //! Nothing in this crate touches a socket or a clock: callers pass datagrams
 //! and `Instant`s in and take datagrams and deadlines out, so every rule can
@@ -13,5 +15,6 @@
 pub mod server;
 pub mod wire;
 
+pub mod cache;
 pub mod client;
 pub mod rto;
