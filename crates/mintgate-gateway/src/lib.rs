@@ -5,6 +5,7 @@ pub mod config;
 pub mod devices;
 pub mod metrics;
 pub mod observe;
+pub mod outbound;
 pub mod pipeline;
 pub mod queue;
 pub mod resources;
