@@ -231,13 +231,14 @@ pub enum BlockRequest {
     Continuation,
 }
 
-/// Finds out, in one pass over the options, whether and how `p` is part of
+/// Finds out, in one pass over the options up to Block1, whether and how `p` is part of
 /// a block-wise transfer. A Block1 value longer than 3 bytes is left to
 /// [`process_request`] (4.02, like any critical option of a bad length).
 pub fn block_request(p: &Packet<&[u8]>) -> BlockRequest {
     let mut block1 = None;
     let mut later_block2 = false;
-    for o in p.options() {
+    // options come in ascending order: nothing to look at past Block1
+    for o in p.options().take_while(|o| o.number <= OptionNumber::BLOCK1) {
         if o.number == OptionNumber::BLOCK1 && o.value.len() <= 3 {
             block1 = crate::wire::decode_uint(o.value).map(BlockOpt::decode);
         } else if o.number == OptionNumber::BLOCK2 && o.value.len() <= 3 {
