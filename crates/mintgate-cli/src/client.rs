@@ -1,25 +1,30 @@
 //! `mintgate get|put|post|delete`: one CoAP request from the command line.
 //!
-//! A blocking loop around the sans-IO [`Client`]: one UDP socket connected to
-//! the destination, the RFC 7252 Basic retransmission controller, and the
-//! wall clock fed in as `Instant`s. Prints the response and exits with a code
-//! that tells scripts what happened (see [`EXIT_CODES`]).
+//! The gateway's outbound client ([`Outbound`]): the sans-IO client on one
+//! UDP socket connected to the destination, the chosen retransmission
+//! controller, block-wise transfers (a large payload goes up with Block1, a
+//! large answer comes back whole through Block2), and with `--cache` the
+//! network cache in front (useful with `--count`). Prints the response and
+//! exits with a code that tells scripts what happened (see [`EXIT_CODES`]).
 
 use std::fmt::Write as _;
 use std::io::{self, IsTerminal, Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use mintgate_coap::client::{Client, ClientConfig, Event, Request};
+use mintgate_coap::cache::Cache;
+use mintgate_coap::client::blockwise::BlockConfig;
+use mintgate_coap::client::{ClientConfig, Request};
 use mintgate_coap::rto::{Adaptive, Basic, Cocoa, RtoController, TransmissionParams};
 use mintgate_coap::uri::CoapUri;
 use mintgate_coap::wire::{
     decode_uint, encode_uint, Code, ContentFormat, MessageType, OptionDef, OptionFormat,
     OptionNumber,
 };
+use mintgate_gateway::outbound::{Outbound, OutboundError, Source};
 
 /// The `--help` text on exit codes; [`run`] returns exactly these.
 const EXIT_CODES: &str = "\
@@ -32,6 +37,11 @@ Exit status:
   4  a 5.xx response
   5  no response within the timeout (or the destination port is unreachable)
   6  the server rejected the request with a Reset
+
+Large payloads go block-wise (RFC 7959): a request payload over the block
+size is sent with Block1 (in the size the server's 2.31 asks for, if
+smaller), and a block-wise answer is fetched whole through Block2, its
+ETag checked on every block.
 
 Output: the response payload goes to stdout; for a response other than 2.xx
 the code (e.g. \"4.04 Not Found\") also goes to stderr. --verbose adds the
@@ -98,6 +108,23 @@ pub struct RequestArgs {
     /// `cocoa` (draft-ietf-core-cocoa-03) or `adaptive` (Adaptive RTO).
     #[arg(long, value_enum, default_value_t = Cc::Basic)]
     cc: Cc,
+    /// Block size for block-wise transfers: 16, 32, ... 1024 bytes. Given,
+    /// it is also asked for in the answer (Block2 from the first request)
+    /// [default: 1024, the server picks the answer's].
+    #[arg(long, value_name = "BYTES", value_parser = parse_block_size)]
+    block_size: Option<usize>,
+    /// Keep answers in the network cache (RFC 7252 5.6): a GET repeated
+    /// with --count is answered from a fresh entry, and revalidated with
+    /// its ETag when stale.
+    #[arg(long)]
+    cache: bool,
+    /// Send the request this many times (each as above; the exit status is
+    /// the last one's).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    count: u32,
+    /// Time between repeated requests, e.g. 500ms, 2s.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    interval: Option<Duration>,
 }
 
 /// The RTO controllers a request can use.
@@ -165,18 +192,16 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         Cc::Cocoa => Box::new(Cocoa::new(params, seed.rotate_left(32))),
         Cc::Adaptive => Box::new(Adaptive::new(params, seed.rotate_left(32))),
     };
-    let mut client = Client::new(config, rto, seed);
-
-    let bind: SocketAddr = if dest.is_ipv4() {
-        (IpAddr::from([0u8; 4]), 0).into()
-    } else {
-        (IpAddr::from(Ipv6Addr::UNSPECIFIED), 0).into()
+    let block = BlockConfig {
+        block_size: args.block_size.unwrap_or(1024),
+        ask_block2: args.block_size.is_some(),
+        ..BlockConfig::default()
     };
-    let socket =
-        UdpSocket::bind(bind).with_context(|| format!("binding a UDP socket to {bind}"))?;
-    socket
-        .connect(dest)
-        .with_context(|| format!("connecting the UDP socket to {dest}"))?;
+    let mut out =
+        Outbound::new(dest.is_ipv6(), config, rto, seed, block).context("binding a UDP socket")?;
+    if args.cache {
+        out = out.with_cache(Cache::new(64, 16 << 20).with_max_bytes(64 << 20));
+    }
 
     let request = Request {
         confirmable: !args.non,
@@ -184,120 +209,98 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         options,
         payload,
     };
-    let payload_len = request.payload.len();
-    let start = Instant::now();
-    let deadline = start + overall;
-    client.request(start, dest, request)?;
+    let mut status = ExitCode::SUCCESS;
+    for i in 0..args.count {
+        if i > 0 {
+            if let Some(d) = args.interval {
+                std::thread::sleep(d);
+            }
+        }
+        status = one(&args, &mut out, dest, request.clone(), overall)?;
+    }
+    Ok(status)
+}
+
+/// One request through `out`; prints the outcome and returns the exit code.
+fn one(
+    args: &RequestArgs,
+    out: &mut Outbound,
+    dest: SocketAddr,
+    request: Request,
+    overall: Duration,
+) -> anyhow::Result<ExitCode> {
+    let method = request.code;
     if args.verbose {
         eprintln!(
-            "-> {} {} {} ({dest}, {payload_len} byte payload)",
+            "-> {} {} {} ({dest}, {} byte payload)",
             if args.non { "NON" } else { "CON" },
             method.name().unwrap_or("?"),
             args.uri,
+            request.payload.len(),
         );
     }
-
-    let mut buf = vec![0u8; 65536];
-    let event = loop {
-        // Send before looking at events: a confirmable response is
-        // acknowledged in the same step that completes the exchange.
-        while let Some(t) = client.poll_transmit(Instant::now()) {
-            match socket.send(&t.bytes) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                    return Ok(unreachable(dest));
-                }
-                Err(e) => return Err(e).with_context(|| format!("sending to {dest}")),
-            }
-        }
-        if let Some(ev) = client.poll_event() {
-            break ev;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            eprintln!(
-                "mintgate: no response from {dest} within {}",
-                fmt_duration(overall)
-            );
-            return Ok(ExitCode::from(EXIT_TIMEOUT));
-        }
-        let wake = client.poll_timeout().map_or(deadline, |t| t.min(deadline));
-        let wait = wake
-            .saturating_duration_since(now)
-            .max(Duration::from_millis(1));
-        socket
-            .set_read_timeout(Some(wait))
-            .context("setting the socket timeout")?;
-        match socket.recv(&mut buf) {
-            Ok(n) => client.handle_datagram(Instant::now(), dest, &buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                client.handle_timeout(Instant::now())
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Ok(unreachable(dest)),
-            Err(e) => return Err(e).with_context(|| format!("receiving from {dest}")),
-        }
-    };
-
-    match event {
-        Event::Response {
-            code,
-            msg_type,
-            options,
-            payload,
-            rtt,
-            retransmissions,
-            ..
-        } => {
-            if args.verbose {
-                eprintln!(
-                    "<- {} {code} ({}, {retransmissions} retransmission{})",
-                    msg_type.name(),
-                    fmt_duration(rtt),
-                    if retransmissions == 1 { "" } else { "s" },
-                );
-                for (n, v) in &options {
-                    eprintln!("   {}: {}", option_name(*n), option_value_text(*n, v));
-                }
-            }
-            let mut out = io::stdout().lock();
-            if args.json {
-                let j = json_response(code, msg_type, &options, &payload, rtt, retransmissions);
-                writeln!(out, "{j}").context("writing to stdout")?;
-            } else {
-                if code.class() != 2 && !args.verbose {
-                    eprintln!("{code}");
-                }
-                out.write_all(&payload).context("writing to stdout")?;
-                if !payload.is_empty() && !payload.ends_with(b"\n") && out.is_terminal() {
-                    out.write_all(b"\n").context("writing to stdout")?;
-                }
-            }
-            out.flush().context("writing to stdout")?;
-            Ok(ExitCode::from(match code.class() {
-                2 => 0,
-                4 => EXIT_CLIENT_ERROR,
-                5 => EXIT_SERVER_ERROR,
-                _ => EXIT_OTHER,
-            }))
-        }
-        Event::Timeout { .. } => {
+    let start = Instant::now();
+    let fetched = match out.request(dest, request, start + overall) {
+        Ok(f) => f,
+        Err(OutboundError::Timeout) => {
             eprintln!(
                 "mintgate: no response from {dest} within {}",
                 fmt_duration(overall.min(start.elapsed()))
             );
-            Ok(ExitCode::from(EXIT_TIMEOUT))
+            return Ok(ExitCode::from(EXIT_TIMEOUT));
         }
-        Event::Reset { .. } => {
+        Err(OutboundError::Unreachable) => return Ok(unreachable(dest)),
+        Err(OutboundError::Reset) => {
             eprintln!("mintgate: {dest} rejected the request with a Reset");
-            Ok(ExitCode::from(EXIT_RESET))
+            return Ok(ExitCode::from(EXIT_RESET));
+        }
+        Err(OutboundError::Block(e)) => {
+            eprintln!("mintgate: {dest}: {e}");
+            return Ok(ExitCode::from(EXIT_OTHER));
+        }
+        Err(OutboundError::Request(e)) => return Err(e.into()),
+        Err(OutboundError::Io(e)) => return Err(e).with_context(|| format!("talking to {dest}")),
+    };
+    let r = fetched.response;
+    let (code, options, payload) = (r.code, &r.options, &r.payload);
+    if args.verbose {
+        let via = match fetched.source {
+            Source::Network if r.exchanges > 1 => format!(", {} exchanges", r.exchanges),
+            Source::Network => String::new(),
+            Source::Cache { age } => format!(", from the cache, {age} s old"),
+            Source::Revalidated => ", from the cache, revalidated".to_string(),
+        };
+        eprintln!(
+            "<- {} {code} ({}, {} retransmission{}{via})",
+            r.msg_type.name(),
+            fmt_duration(r.rtt),
+            r.retransmissions,
+            if r.retransmissions == 1 { "" } else { "s" },
+        );
+        for (n, v) in options {
+            eprintln!("   {}: {}", option_name(*n), option_value_text(*n, v));
         }
     }
+    let mut stdout = io::stdout().lock();
+    if args.json {
+        let j = json_response(code, r.msg_type, options, payload, r.rtt, r.retransmissions);
+        writeln!(stdout, "{j}").context("writing to stdout")?;
+    } else {
+        if code.class() != 2 && !args.verbose {
+            eprintln!("{code}");
+        }
+        stdout.write_all(payload).context("writing to stdout")?;
+        if !payload.is_empty() && !payload.ends_with(b"\n") && stdout.is_terminal() {
+            stdout.write_all(b"\n").context("writing to stdout")?;
+        }
+    }
+    stdout.flush().context("writing to stdout")?;
+    Ok(ExitCode::from(match code.class() {
+        2 => 0,
+        4 => EXIT_CLIENT_ERROR,
+        5 => EXIT_SERVER_ERROR,
+        _ => EXIT_OTHER,
+    }))
 }
 
 /// Parses a `coap://` URI for a command ([`mintgate_coap::uri::parse`]).
@@ -338,6 +341,16 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("duration '{s}' must be positive"));
     }
     Ok(d)
+}
+
+/// A block size: a power of two from 16 to 1024.
+fn parse_block_size(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n.is_power_of_two() && (16..=1024).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "block size '{s}' must be 16, 32, 64, 128, 256, 512 or 1024"
+        )),
+    }
 }
 
 /// Parses `NUM,VALUE` for `-O`.
@@ -530,6 +543,10 @@ mod tests {
         assert!(parse_option("Nope,1").is_err());
         assert_eq!(parse_content_format("json"), Ok(ContentFormat::JSON));
         assert!(parse_content_format("text/html").is_err());
+        assert_eq!(parse_block_size("64"), Ok(64));
+        assert!(parse_block_size("100").is_err());
+        assert!(parse_block_size("2048").is_err());
+        assert!(parse_block_size("8").is_err());
     }
 
     #[test]

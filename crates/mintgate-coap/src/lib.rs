@@ -6,6 +6,8 @@
 //! - [`uri`]: `coap://` URIs split into a destination and request options.
 //! - [`rto`]: the pluggable retransmission-timeout controllers (RFC 7252
 //!   Basic; CoCoA and Adaptive RTO implement the same trait).
+//! - [`cache`]: the Max-Age cache of other servers' responses, with ETag
+//!   validation (RFC 7252 5.6).
 //!
 //! Nothing in this crate touches a socket or a clock: callers pass datagrams
 //! and `Instant`s in and take datagrams and deadlines out, so every rule can
@@ -14,6 +16,7 @@
 pub mod server;
 pub mod wire;
 
+pub mod cache;
 pub mod client;
 pub mod rto;
 pub mod uri;

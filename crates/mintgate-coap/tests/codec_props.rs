@@ -6,7 +6,9 @@
 //!     canonical, see `arbitrary_bytes_never_panic_and_reencode_exactly`);
 //! (c) each message-format error as a generated family;
 //! (d) `classify` on arbitrary bytes;
-//! (e) `Dedup` against a reference model in virtual time.
+//! (e) `Dedup` against a reference model in virtual time;
+//! (f) the Block1/Block2 option values (RFC 7959 2.2) as uint options in
+//!     messages, and `block_request` on arbitrary datagrams.
 //!
 //! Library bugs these properties found are kept as regression tests at the
 //! end of the file.
@@ -19,7 +21,10 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 
-use mintgate_coap::server::{classify, Dedup, Inbound, ResetReason, Seen};
+use mintgate_coap::server::block::BlockOpt;
+use mintgate_coap::server::{
+    block_request, classify, BlockRequest, Dedup, Inbound, ResetReason, Seen,
+};
 use mintgate_coap::wire::{
     empty_message, head_len, Code, MessageType, MessageWriter, OptionNumber, Packet, ParseError,
     WriteError,
@@ -717,6 +722,81 @@ proptest! {
     #[test]
     fn dedup_matches_model_mixed_lifetimes(ops in ops_strategy(any::<bool>())) {
         run_dedup_model(&ops, CON_LIFE, NON_LIFE)?;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (f) Block options (RFC 7959 2.2)
+// ---------------------------------------------------------------------------
+
+proptest! {
+    /// Every uint a Block option can carry (0-3 bytes) decodes unless its
+    /// size exponent is the reserved 7, and what decodes encodes back to the
+    /// same value, through a message and its minimal uint encoding.
+    #[test]
+    fn block_values_decode_exactly_when_valid(v in 0u32..(1 << 24), which in any::<bool>()) {
+        let number = if which { OptionNumber::BLOCK1 } else { OptionNumber::BLOCK2 };
+        let mut buf = [0u8; 32];
+        let mut w = MessageWriter::new(&mut buf, MessageType::Con, Code::PUT, 1, b"").unwrap();
+        w.option_uint(number, v).unwrap();
+        let n = w.finish();
+        let p = Packet::new_checked(&buf[..n]).unwrap();
+        let raw = p.option(number).unwrap();
+        prop_assert!(raw.value.len() <= 3);
+        let got = raw.uint().and_then(BlockOpt::decode);
+        prop_assert_eq!(got.is_some(), v & 7 != 7);
+        if let Some(b) = got {
+            prop_assert_eq!(b.encode(), v);
+            prop_assert_eq!((b.num, b.more, b.size()), (v >> 4, v & 8 != 0, 16usize << (v & 7)));
+        }
+        let kind = block_request(&p);
+        if which {
+            prop_assert_eq!(kind, got.map_or(BlockRequest::BadBlock1, BlockRequest::Block1));
+        } else {
+            // a payload-less PUT asking for a later block continues a body
+            let later = got.is_some_and(|b| b.num > 0);
+            let want = if later { BlockRequest::Continuation } else { BlockRequest::None };
+            prop_assert_eq!(kind, want);
+        }
+    }
+
+    /// Values longer than 3 bytes are not Block values: they never decode
+    /// as one (a uint of 4 bytes is past 2^24), and `block_request` leaves
+    /// them to the option-length check (4.02).
+    #[test]
+    fn long_block_values_are_refused(v in (1u32 << 24).., which in any::<bool>()) {
+        let number = if which { OptionNumber::BLOCK1 } else { OptionNumber::BLOCK2 };
+        prop_assert_eq!(BlockOpt::decode(v), None);
+        let mut buf = [0u8; 32];
+        let mut w = MessageWriter::new(&mut buf, MessageType::Con, Code::POST, 1, b"").unwrap();
+        w.option_uint(number, v).unwrap();
+        let n = w.finish();
+        let p = Packet::new_checked(&buf[..n]).unwrap();
+        prop_assert_eq!(block_request(&p), BlockRequest::None);
+        prop_assert!(mintgate_coap::server::bad_critical_option(&p).is_some());
+    }
+
+    /// `block_request` on arbitrary datagrams never panics and agrees with
+    /// the (last) Block1 option of 0-3 bytes.
+    #[test]
+    fn block_request_on_arbitrary_datagrams(bytes in datagram()) {
+        if let Ok(p) = Packet::new_checked(&bytes[..]) {
+            let last = p
+                .options()
+                .filter(|o| o.number == OptionNumber::BLOCK1 && o.value.len() <= 3)
+                .last();
+            let kind = block_request(&p);
+            match last {
+                Some(o) => {
+                    let want = o
+                        .uint()
+                        .and_then(BlockOpt::decode)
+                        .map_or(BlockRequest::BadBlock1, BlockRequest::Block1);
+                    prop_assert_eq!(kind, want);
+                }
+                None => prop_assert!(matches!(kind, BlockRequest::None | BlockRequest::Continuation)),
+            }
+        }
     }
 }
 

@@ -615,6 +615,20 @@ pub struct CoapConfig {
     /// A confirmable notification at least every this many seconds per
     /// observer.
     pub observe_con_interval_s: u64,
+    /// Largest request body a PUT or POST may send in blocks (Block1,
+    /// RFC 7959); beyond it, 4.13 with Size1.
+    pub block1_max_body: usize,
+    /// Bytes all Block1 transfers in progress (and completed bodies kept for
+    /// Block2 continuations) may hold together; beyond it, 5.03.
+    pub block1_max_bytes: usize,
+    /// Block1 transfers in progress at once, all clients together.
+    pub block1_max_transfers: usize,
+    /// Block1 transfers in progress at once per client; a further one
+    /// drops that client's oldest.
+    pub block1_per_peer: usize,
+    /// A Block1 transfer with no block for this many seconds is dropped
+    /// (its next block gets 4.08).
+    pub block1_timeout_s: u64,
 }
 
 impl Default for CoapConfig {
@@ -633,6 +647,11 @@ impl Default for CoapConfig {
             observe_max: 1024,
             observe_con_every: 10,
             observe_con_interval_s: 60,
+            block1_max_body: 64_000,
+            block1_max_bytes: 1 << 20,
+            block1_max_transfers: 256,
+            block1_per_peer: 4,
+            block1_timeout_s: 60,
         }
     }
 }
@@ -813,6 +832,22 @@ impl Config {
                 return v(key, format!("{val} is outside 1..=1048576"));
             }
         }
+        // a reassembled request is one message: body plus the final block's head
+        if self.coap.block1_max_body + self.coap.max_datagram > u16::MAX as usize {
+            return v(
+                "coap.block1_max_body",
+                format!(
+                    "{} plus coap.max_datagram ({}) exceeds 65535",
+                    self.coap.block1_max_body, self.coap.max_datagram
+                ),
+            );
+        }
+        if self.coap.block1_timeout_s == 0 || self.coap.block1_per_peer == 0 {
+            return v(
+                "coap.block1_timeout_s",
+                "block1_timeout_s and block1_per_peer must be positive".into(),
+            );
+        }
         if self.vta.n == 0
             || self.vta.max_threads == 0
             || self.vta.w_s.is_nan()
@@ -830,6 +865,19 @@ impl Config {
             max_observers: self.coap.observe_max,
             con_every: self.coap.observe_con_every.max(1),
             con_interval: std::time::Duration::from_secs(self.coap.observe_con_interval_s.max(1)),
+        }
+    }
+
+    /// The limits of Block1 reassembly. The block size asked for in 2.31 is
+    /// the largest that fits a datagram with room for the head.
+    pub fn block1_config(&self) -> mintgate_coap::server::Block1Config {
+        mintgate_coap::server::Block1Config {
+            max_body: self.coap.block1_max_body,
+            max_bytes: self.coap.block1_max_bytes,
+            max_transfers: self.coap.block1_max_transfers,
+            per_peer: self.coap.block1_per_peer,
+            timeout: std::time::Duration::from_secs(self.coap.block1_timeout_s),
+            block_size: self.coap.max_datagram.saturating_sub(128).clamp(16, 1024),
         }
     }
 

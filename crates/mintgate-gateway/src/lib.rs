@@ -8,6 +8,7 @@ pub mod devices;
 pub mod metrics;
 pub mod observe;
 pub mod observe_client;
+pub mod outbound;
 pub mod pipeline;
 pub mod queue;
 pub mod resources;

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 use mintgate_buf::{BlockMut, Layer, Pool};
 use mintgate_coap::server::{
-    classify, finish_response, process_request, simple_response, Answer, Dedup, DropReason,
-    Handled, Inbound, Outgoing, PathTaken, Request, ResetReason, Resource, Router, Seen,
+    classify, finish_response, process_request, process_request_blockwise, simple_response, Answer,
+    Block1Stats, Block1Store, Dedup, DropReason, Handled, Inbound, Outgoing, PathTaken, Request,
+    ResetReason, Resource, Router, Seen,
 };
 use mintgate_coap::wire::{empty_message, Code, MessageType, Packet};
 use mintgate_sched::{
@@ -99,6 +100,9 @@ struct Shared {
     separate_after: Duration,
     /// Observe (RFC 7641): observers and changed resources.
     observe: Arc<ObserveState>,
+    /// Block1 reassembly (RFC 7959): only requests carrying Block1 or a
+    /// Block2 continuation take this lock.
+    blocks: std::sync::Mutex<Block1Store>,
     /// Extra Prometheus text from other parts of the gateway (devices,
     /// direct path), appended to `/metrics`.
     metrics_sources: RwLock<Vec<MetricsSource>>,
@@ -179,6 +183,7 @@ impl Gateway {
             separate: Mutex::new(HashMap::new()),
             separate_after: Duration::from_millis(cfg.coap.separate_response_after_ms),
             observe: Arc::new(ObserveState::new(cfg.observe_config())),
+            blocks: std::sync::Mutex::new(Block1Store::new(cfg.block1_config())),
             metrics_sources: RwLock::new(Vec::new()),
             cfg,
         });
@@ -460,6 +465,11 @@ impl GatewayHandle {
     /// Prometheus text format.
     pub fn extra_metrics(&self, out: &mut String) {
         crate::observe::render_metrics(&self.shared.observe, out);
+        let (stats, held, bytes) = {
+            let b = self.shared.blocks.lock().unwrap_or_else(|e| e.into_inner());
+            (b.stats(), b.len(), b.bytes())
+        };
+        render_block1_metrics(&stats, held, bytes, out);
         for f in self.shared.metrics_sources.read().iter() {
             f(out);
         }
@@ -775,7 +785,17 @@ fn handler_loop(sh: &Shared, w: &Worker) {
                 peer: job.peer,
                 packet: &p,
             };
-            let mut handled = process_request(&router, &sh.pool, &req, 64, max_payload);
+            // the receive time stands for "now": block transfers time out
+            // in seconds, and no clock is read per request
+            let mut handled = process_request_blockwise(
+                &router,
+                &sh.pool,
+                &sh.blocks,
+                job.received,
+                &req,
+                64,
+                max_payload,
+            );
             if let Handled::Respond(rb) = &mut handled {
                 observe_on_request(sh, &router, &req, job.listener, rb);
             }
@@ -852,6 +872,12 @@ fn timer_loop(sh: &Shared) {
                     }
                     f.acked = true;
                 }
+            }
+        }
+        {
+            let mut b = sh.blocks.lock().unwrap_or_else(|e| e.into_inner());
+            if !b.is_empty() {
+                b.expire(now);
             }
         }
         let mut sep = sh.separate.lock();
@@ -1041,5 +1067,72 @@ fn notify_path(sh: &Shared, router: &Router, path: &str, sbs: &mut [SendBatch]) 
         } else if reg.deregister(n.peer, n.token.as_slice()) {
             Notifier::count_removed(&sh.observe, 1);
         }
+    }
+}
+
+/// The Block1 reassembly counters in the Prometheus text format.
+fn render_block1_metrics(st: &Block1Stats, held: usize, bytes: usize, out: &mut String) {
+    use std::fmt::Write as _;
+    for (name, help, v) in [
+        (
+            "mintgate_block1_transfers",
+            "Block1 transfers held (in progress, or completed and kept for Block2).",
+            held as u64,
+        ),
+        (
+            "mintgate_block1_bytes",
+            "Bytes held by Block1 transfers.",
+            bytes as u64,
+        ),
+        (
+            "mintgate_block1_started_total",
+            "Block1 transfers started.",
+            st.started,
+        ),
+        (
+            "mintgate_block1_completed_total",
+            "Block1 requests handled whole.",
+            st.completed,
+        ),
+        (
+            "mintgate_block1_continue_total",
+            "Blocks answered 2.31 Continue.",
+            st.continued,
+        ),
+        (
+            "mintgate_block1_incomplete_total",
+            "Blocks answered 4.08 Request Entity Incomplete.",
+            st.incomplete,
+        ),
+        (
+            "mintgate_block1_too_large_total",
+            "Blocks answered 4.13 Request Entity Too Large.",
+            st.too_large,
+        ),
+        (
+            "mintgate_block1_busy_total",
+            "Blocks answered 5.03 (no room for another transfer).",
+            st.busy,
+        ),
+        (
+            "mintgate_block1_expired_total",
+            "Block1 transfers dropped after the idle timeout.",
+            st.expired,
+        ),
+        (
+            "mintgate_block1_evicted_total",
+            "Block1 transfers evicted for room.",
+            st.evicted,
+        ),
+    ] {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
     }
 }

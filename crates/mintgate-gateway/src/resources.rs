@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use mintgate_coap::server::block::respond_block2;
 use mintgate_coap::server::{Resource, Router};
 use mintgate_coap::wire::{Code, ContentFormat};
 use parking_lot::Mutex;
@@ -38,16 +39,23 @@ pub fn hello_with_cost(cost: HandlerCost) -> Resource {
 }
 
 /// A diagnostic resource for trying every method: `PUT` stores the payload
-/// (2.04), `GET` returns what was stored (2.05), `POST` answers with the
-/// payload it was sent (2.04), `DELETE` clears the store (2.02). The stored
-/// value is bounded by the gateway's `coap.max_payload`.
+/// (2.04), `GET` returns what was stored (2.05, with its ETag; 2.03 to a GET
+/// that holds it), `POST` answers with the payload it was sent (2.04),
+/// `DELETE` clears the store (2.02). Payloads may come in blocks (Block1,
+/// up to the gateway's `coap.block1_max_body`), and answers larger than one
+/// 1024-byte message go block-wise (Block2).
 pub fn echo() -> Resource {
+    echo_with_block(1024)
+}
+
+/// [`echo`] answering in blocks of at most `max_block` bytes.
+pub fn echo_with_block(max_block: usize) -> Resource {
     let stored: Arc<Mutex<Vec<u8>>> = Arc::default();
     let (g, p) = (stored.clone(), stored.clone());
     Resource::new("echo")
-        .get(move |_, rb| {
+        .get(move |req, rb| {
             let v = g.lock();
-            rb.write(&v);
+            respond_block2(req, rb, &v, max_block);
         })
         .put(move |req, rb| {
             let mut v = p.lock();
@@ -55,8 +63,9 @@ pub fn echo() -> Resource {
             v.extend_from_slice(req.payload());
             rb.set_code(Code::CHANGED);
         })
-        .post(|req, rb| {
-            rb.set_code(Code::CHANGED).write(req.payload());
+        .post(move |req, rb| {
+            rb.set_code(Code::CHANGED);
+            respond_block2(req, rb, req.payload(), max_block);
         })
         .delete(move |_, rb| {
             stored.lock().clear();
@@ -77,6 +86,6 @@ pub fn router_for(cfg: &crate::Config) -> Router {
     let mut r = Router::new();
     // a fresh router has no paths, so these cannot collide
     let _ = r.add(hello_with_cost(cfg.resources.request_cost));
-    let _ = r.add(echo());
+    let _ = r.add(echo_with_block(cfg.coap.max_payload.clamp(16, 1024)));
     r
 }

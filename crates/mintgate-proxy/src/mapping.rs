@@ -41,7 +41,7 @@ pub const COAP_PORT: u16 = 5683;
 /// The path prefix of the default mapping (RFC 8075 section 5.3).
 pub const HC_PREFIX: &str = "/hc/";
 /// Max-Age when a response carries none (RFC 7252 section 5.10.5).
-pub const DEFAULT_MAX_AGE: u32 = 60;
+pub const DEFAULT_MAX_AGE: u32 = mintgate_coap::cache::DEFAULT_MAX_AGE;
 
 /// An HTTP error the proxy answers with instead of a mapped response.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -804,41 +804,8 @@ fn best_accept(accept: &str) -> Option<u16> {
     best.map(|(_, cf)| cf)
 }
 
-/// A CoAP response received upstream.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CoapResponse {
-    /// The response code.
-    pub code: Code,
-    /// Options in message order.
-    pub options: Vec<(OptionNumber, Vec<u8>)>,
-    /// The payload.
-    pub payload: Vec<u8>,
-}
-
-impl CoapResponse {
-    /// The first value of option `n`.
-    pub fn option(&self, n: OptionNumber) -> Option<&[u8]> {
-        self.options
-            .iter()
-            .find(|(o, _)| *o == n)
-            .map(|(_, v)| v.as_slice())
-    }
-
-    /// Max-Age in seconds (60 when absent), or None when malformed.
-    pub fn max_age(&self) -> Option<u32> {
-        match self.option(OptionNumber::MAX_AGE) {
-            None => Some(DEFAULT_MAX_AGE),
-            Some(v) => decode_uint(v),
-        }
-    }
-
-    /// Whether a cache may keep this response (RFC 7252 section 5.9: 2.05,
-    /// 2.03 and error responses are cacheable; 2.01, 2.02, 2.04 are not).
-    pub fn cacheable_code(&self) -> bool {
-        let c = self.code;
-        c == Code::CONTENT || c == Code::VALID || c.class() == 4 || c.class() == 5
-    }
-}
+/// A CoAP response received upstream (the core's cache representation).
+pub use mintgate_coap::cache::Response as CoapResponse;
 
 /// Options of a response this proxy understands; any other critical option
 /// makes the response unintelligible (RFC 7252 section 5.4.1).

@@ -23,7 +23,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, Uri};
 use mintgate_coap::wire::{Code, OptionNumber};
 
-use crate::cache::{Cache, CacheKey, Lookup};
+use crate::cache::{self, Cache, Lookup};
 use crate::config::ProxyConfig;
 use crate::limits::{bearer_ok, RateLimiter};
 use crate::mapping::{
@@ -225,7 +225,7 @@ impl Proxy {
             Via::Reverse(i) => self.cfg.reverse.get(i),
             Via::Default => None,
         };
-        let key = CacheKey::new(&authority, &req);
+        let key = cache::key(&authority, &req);
         let mut revalidating: Option<Vec<u8>> = None;
         if info.cacheable && self.cfg.cache_entries > 0 {
             let found = self.lock_cache().lookup(&key, Instant::now());
@@ -314,8 +314,7 @@ impl Proxy {
                 options: target_options(&target),
                 payload: Vec::new(),
             };
-            self.lock_cache()
-                .invalidate(&CacheKey::new(&authority, &get));
+            self.lock_cache().invalidate(&cache::key(&authority, &get));
         }
         let mut out = map_response(
             resp,

@@ -35,6 +35,7 @@
 //! value and increase by one per new message, skipping IDs still in use
 //! towards the same peer.
 
+pub mod blockwise;
 mod exchange;
 #[cfg(test)]
 mod tests;
@@ -135,7 +136,8 @@ pub enum RequestError {
     /// The code is not a request method (0.01-0.31).
     NotARequest(Code),
     /// The encoded message would exceed [`ClientConfig::max_message_size`]
-    /// (block-wise transfer is not done by this client).
+    /// (one exchange is one message: [`blockwise::Transfer`] splits larger
+    /// payloads into blocks).
     TooLarge {
         /// Encoded size.
         size: usize,
@@ -155,7 +157,7 @@ impl fmt::Display for RequestError {
             RequestError::TooLarge { size, max } => write!(
                 f,
                 "request of {size} bytes exceeds the {max}-byte message limit \
-                 (block-wise transfer is not supported)"
+                 (send it block-wise: client::blockwise)"
             ),
             RequestError::OptionTooLong(n) => write!(f, "value of option {} is too long", n.0),
             RequestError::Encode(e) => write!(f, "cannot encode the request: {e}"),

@@ -2,7 +2,11 @@
 //! with a representation larger than one message answers block by block,
 //! statelessly: each request names the block it wants, the handler renders
 //! the representation again and sends that slice, with an ETag so that a
-//! client can tell when the representation changed between blocks.
+//! client can tell when the representation changed between blocks. The
+//! same ETag lets a client (or a cache) validate what it holds: a GET
+//! carrying it is answered 2.03 Valid (RFC 7252 5.10.6).
+//!
+//! Block1 (request bodies in blocks) is in [`super::block1`].
 
 use super::resource::Request;
 use super::response::ResponseBuilder;
@@ -63,8 +67,11 @@ pub fn etag(body: &[u8]) -> [u8; 4] {
 
 /// Answers `req` with `body`, block-wise when it does not fit in
 /// `max_block` bytes or the client asked for a block: sets Block2, ETag and
-/// (on the first block) Size2, and writes the slice. A block number past
-/// the end is answered 4.02 Bad Option. The caller sets Content-Format.
+/// (on the first block) Size2, and writes the slice. A GET always gets the
+/// ETag, and a GET that carries it (without asking for a later block) is
+/// answered 2.03 Valid with no payload. A block number past the end is
+/// answered 4.02 Bad Option, the reserved size exponent 7 4.00 Bad Request
+/// (RFC 7959 2.2). The caller sets Content-Format.
 pub fn respond_block2(req: &Request<'_>, rb: &mut ResponseBuilder, body: &[u8], max_block: usize) {
     let limit = szx_for(max_block);
     let asked = match req.option(OptionNumber::BLOCK2).map(|o| o.uint()) {
@@ -72,7 +79,7 @@ pub fn respond_block2(req: &Request<'_>, rb: &mut ResponseBuilder, body: &[u8], 
         Some(Some(v)) => match BlockOpt::decode(v) {
             Some(b) => Some(b),
             None => {
-                rb.set_code(Code::BAD_OPTION);
+                rb.set_code(Code::BAD_REQUEST);
                 return;
             }
         },
@@ -81,7 +88,21 @@ pub fn respond_block2(req: &Request<'_>, rb: &mut ResponseBuilder, body: &[u8], 
             return;
         }
     };
+    let tag = etag(body);
+    let get = req.method() == Code::GET;
+    if get && asked.is_none_or(|b| b.num == 0) {
+        let p = req.packet;
+        if p.options()
+            .any(|o| o.number == OptionNumber::ETAG && o.value == tag)
+        {
+            rb.set_code(Code::VALID).option(OptionNumber::ETAG, &tag);
+            return;
+        }
+    }
     if asked.is_none() && body.len() <= 1 << (limit + 4) {
+        if get {
+            rb.option(OptionNumber::ETAG, &tag);
+        }
         rb.write(body);
         return;
     }
@@ -102,7 +123,7 @@ pub fn respond_block2(req: &Request<'_>, rb: &mut ResponseBuilder, body: &[u8], 
     }
     let end = (start + size).min(body.len());
     let more = end < body.len();
-    rb.option(OptionNumber::ETAG, &etag(body));
+    rb.option(OptionNumber::ETAG, &tag);
     rb.option_uint(OptionNumber::BLOCK2, BlockOpt { num, more, szx }.encode());
     if num == 0 {
         rb.option_uint(OptionNumber::SIZE2, body.len() as u32);
@@ -188,8 +209,8 @@ mod tests {
         );
         assert_eq!(
             answer(&p, b"short", Some(7), 1024).0,
-            Code::BAD_OPTION,
-            "szx 7 is reserved"
+            Code::BAD_REQUEST,
+            "szx 7 is reserved (RFC 7959 2.2)"
         );
     }
 

@@ -3,22 +3,31 @@
 //! [`classify`] decides what a datagram is, with the RFC 7252 rules for
 //! malformed and empty messages; [`Dedup`] remembers (peer, message ID) pairs;
 //! [`handle_request`] routes a request to its [`Resource`] and builds the
-//! answer with a [`ResponseBuilder`] in a pooled block. The gateway adds the
-//! sockets, queues and threads around these.
+//! answer with a [`ResponseBuilder`] in a pooled block;
+//! [`process_request_blockwise`] first puts a request body sent in blocks
+//! back together ([`Block1Store`], RFC 7959). The gateway adds the sockets,
+//! queues and threads around these.
 
 pub mod block;
+pub mod block1;
 mod dedup;
 pub mod observe;
 mod resource;
 mod response;
 
+pub use block1::{Block1Config, Block1Outcome, Block1Stats, Block1Store};
 pub use dedup::{Dedup, Seen};
 pub use resource::{Handler, PathTaken, Request, Resource, Router};
 pub use response::{BuildError, Outgoing, ResponseBuilder, Tail, OPTION_SPACE, RESPONSE_HEADROOM};
 
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Instant;
+
 use mintgate_buf::Pool;
 
 use crate::wire::{Code, ContentFormat, MessageType, OptionNumber, Packet, ParseError};
+use block::BlockOpt;
 
 /// Why a datagram was dropped without an answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,6 +215,171 @@ pub fn process_request(
     Handled::Respond(rb)
 }
 
+/// How a request takes part in a block-wise transfer (RFC 7959).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockRequest {
+    /// Not at all: an ordinary request.
+    None,
+    /// One block of a request body (Block1).
+    Block1(BlockOpt),
+    /// A Block1 option with the reserved size exponent 7 (answered 4.00,
+    /// RFC 7959 2.2).
+    BadBlock1,
+    /// A request for a later block of the response to a request with a
+    /// body: Block2 with num > 0 on a method other than GET, no Block1 and
+    /// no payload (RFC 7959 3.3).
+    Continuation,
+}
+
+/// Finds out, in one pass over the options up to Block1, whether and how `p` is part of
+/// a block-wise transfer. A Block1 value longer than 3 bytes is left to
+/// [`process_request`] (4.02, like any critical option of a bad length).
+pub fn block_request(p: &Packet<&[u8]>) -> BlockRequest {
+    let mut block1 = None;
+    let mut later_block2 = false;
+    // options come in ascending order: nothing to look at past Block1
+    for o in p.options().take_while(|o| o.number <= OptionNumber::BLOCK1) {
+        if o.number == OptionNumber::BLOCK1 && o.value.len() <= 3 {
+            block1 = crate::wire::decode_uint(o.value).map(BlockOpt::decode);
+        } else if o.number == OptionNumber::BLOCK2 && o.value.len() <= 3 {
+            later_block2 = crate::wire::decode_uint(o.value)
+                .and_then(BlockOpt::decode)
+                .is_some_and(|b| b.num > 0);
+        }
+    }
+    match block1 {
+        Some(Some(b)) => BlockRequest::Block1(b),
+        Some(None) => BlockRequest::BadBlock1,
+        None if later_block2 && p.code() != Code::GET && p.payload().is_empty() => {
+            BlockRequest::Continuation
+        }
+        None => BlockRequest::None,
+    }
+}
+
+/// Whether `req` would reach a handler that accepts its payload: only then
+/// are its blocks worth collecting (otherwise the first block gets the
+/// error [`process_request`] gives).
+pub fn reaches_handler(router: &Router, req: &Request<'_>) -> bool {
+    let p = req.packet;
+    bad_critical_option(p).is_none()
+        && p.option(OptionNumber::PROXY_URI).is_none()
+        && p.option(OptionNumber::PROXY_SCHEME).is_none()
+        && !is_well_known_core(p)
+        && router.find(req).is_some_and(|r| {
+            r.handler(p.code()).is_some() && r.accepts_format(req.content_format())
+        })
+}
+
+/// Handles `datagram`, a request rebuilt by the [`Block1Store`], as if it
+/// came from `peer`.
+fn process_rebuilt(
+    router: &Router,
+    pool: &Pool,
+    peer: SocketAddr,
+    datagram: &[u8],
+    payload_hint: usize,
+    max_payload: usize,
+) -> Handled {
+    match Packet::new_checked(datagram) {
+        Ok(p) => process_request(
+            router,
+            pool,
+            &Request { peer, packet: &p },
+            payload_hint,
+            max_payload,
+        ),
+        Err(_) => {
+            let mut rb = ResponseBuilder::in_pool(pool, 0);
+            rb.set_code(Code::INTERNAL_SERVER_ERROR);
+            Handled::Respond(rb)
+        }
+    }
+}
+
+/// Answers a block of a request body as the [`Block1Store`] decided:
+/// 2.31 or an error at once, or the handler's response to the whole body
+/// with the final Block1 added.
+pub fn respond_block1(
+    router: &Router,
+    pool: &Pool,
+    req: &Request<'_>,
+    outcome: Block1Outcome,
+    payload_hint: usize,
+    max_payload: usize,
+) -> Handled {
+    let (mut handled, block1) = match outcome {
+        Block1Outcome::Reply {
+            code,
+            block1,
+            size1,
+            max_age,
+        } => {
+            let mut rb = ResponseBuilder::in_pool(pool, 0);
+            rb.set_code(code);
+            if let Some(b) = block1 {
+                rb.option_uint(OptionNumber::BLOCK1, b.encode());
+            }
+            if let Some(s) = size1 {
+                rb.option_uint(OptionNumber::SIZE1, s);
+            }
+            if let Some(a) = max_age {
+                rb.max_age(a);
+            }
+            return Handled::Respond(rb);
+        }
+        Block1Outcome::Whole { block1 } => (
+            process_request(router, pool, req, payload_hint, max_payload),
+            block1,
+        ),
+        Block1Outcome::Complete { datagram, block1 } => (
+            process_rebuilt(router, pool, req.peer, &datagram, payload_hint, max_payload),
+            block1,
+        ),
+    };
+    if let Handled::Respond(rb) = &mut handled {
+        rb.option_uint(OptionNumber::BLOCK1, block1.encode());
+    }
+    handled
+}
+
+/// [`process_request`] with block-wise request bodies: a request carrying
+/// Block1 goes through `blocks` (locked only while the store is consulted,
+/// never while a handler runs), and a Block2 continuation of a completed
+/// body is handled with that body. Requests without Block1 or Block2 take
+/// the plain path and never touch the lock.
+pub fn process_request_blockwise(
+    router: &Router,
+    pool: &Pool,
+    blocks: &Mutex<Block1Store>,
+    now: Instant,
+    req: &Request<'_>,
+    payload_hint: usize,
+    max_payload: usize,
+) -> Handled {
+    let lock = || blocks.lock().unwrap_or_else(|e| e.into_inner());
+    match block_request(req.packet) {
+        BlockRequest::None => process_request(router, pool, req, payload_hint, max_payload),
+        BlockRequest::BadBlock1 => {
+            let mut rb = ResponseBuilder::in_pool(pool, 0);
+            rb.set_code(Code::BAD_REQUEST);
+            Handled::Respond(rb)
+        }
+        BlockRequest::Block1(b) if reaches_handler(router, req) => {
+            let outcome = lock().on_block(now, req.peer, req.packet, b);
+            respond_block1(router, pool, req, outcome, payload_hint, max_payload)
+        }
+        BlockRequest::Block1(_) => process_request(router, pool, req, payload_hint, max_payload),
+        BlockRequest::Continuation => {
+            let rebuilt = lock().continuation(now, req.peer, req.packet);
+            match rebuilt {
+                Some(d) => process_rebuilt(router, pool, req.peer, &d, payload_hint, max_payload),
+                None => process_request(router, pool, req, payload_hint, max_payload),
+            }
+        }
+    }
+}
+
 /// Encodes a handled response; a response that overflowed its limits
 /// becomes 5.00 Internal Server Error.
 pub fn finish_response(
@@ -282,3 +456,6 @@ pub fn simple_response(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod block_tests;

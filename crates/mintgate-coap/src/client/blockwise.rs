@@ -1,0 +1,409 @@
+//! Block-wise transfers (RFC 7959) for the client, as a sans-IO layer above
+//! [`Client`](super::Client): one [`Transfer`] turns a request into the
+//! sequence of block exchanges it needs and puts the answer back together.
+//!
+//! The caller starts each [`Request`] the transfer hands out as an ordinary
+//! exchange and feeds the exchange's response back with
+//! [`Transfer::on_response`]; the transfer answers with the next request,
+//! the whole response, or why it failed.
+//!
+//! - Upload (Block1): a payload larger than the block size goes in blocks,
+//!   block 0 with Size1. A 2.31 (or any 2.xx) to a non-final block asks for
+//!   the next one; its Block1 may name a smaller block size, which is used
+//!   from the next byte on (RFC 7959 2.5). An error response ends the
+//!   transfer with that response.
+//! - Download (Block2): a response carrying Block2 with M=1 is followed by
+//!   requests for the next blocks (the same request without payload, Block1,
+//!   Size1 and ETag, plus Block2), in the server's block size, or a smaller
+//!   one when the client asks for one. Every block must carry the ETag of
+//!   block 0: when it changes the representation changed under the
+//!   transfer, which starts over (at most `max_restarts` times). Each block
+//!   must start where the previous one ended.
+//! - The result has the whole payload and the options of the last response
+//!   without Block1, Block2 and Size2, so it reads like one response.
+//!
+//! Nothing here reads a clock or a socket.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{Event, Request};
+use crate::server::block::{szx_for, BlockOpt};
+use crate::wire::{decode_uint, encode_uint, Code, MessageType, OptionNumber};
+
+/// Settings of block-wise transfers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockConfig {
+    /// The block size used for request bodies and asked for in responses:
+    /// a power of two, 16..=1024 (others are rounded down).
+    pub block_size: usize,
+    /// Ask for `block_size` in responses from the first request on (a
+    /// Block2 option with num 0 in a GET); otherwise the server picks.
+    pub ask_block2: bool,
+    /// Largest response body accepted, bytes.
+    pub max_body: usize,
+    /// Restarts allowed when the representation changes mid-transfer.
+    pub max_restarts: u32,
+}
+
+impl Default for BlockConfig {
+    fn default() -> Self {
+        BlockConfig {
+            block_size: 1024,
+            ask_block2: false,
+            max_body: 16 << 20,
+            max_restarts: 3,
+        }
+    }
+}
+
+/// A response, as the transfer saw it or put it together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    /// The code of the last response.
+    pub code: Code,
+    /// How the last response came.
+    pub msg_type: MessageType,
+    /// The options of the last response (without Block1, Block2 and Size2
+    /// when the transfer was block-wise).
+    pub options: Vec<(OptionNumber, Vec<u8>)>,
+    /// The whole payload.
+    pub payload: Vec<u8>,
+    /// Round-trip times of the exchanges, summed.
+    pub rtt: Duration,
+    /// Retransmissions over all exchanges.
+    pub retransmissions: u32,
+    /// Exchanges the transfer took (1 when not block-wise).
+    pub exchanges: u32,
+}
+
+impl Response {
+    /// The first value of option `n`.
+    pub fn option(&self, n: OptionNumber) -> Option<&[u8]> {
+        self.options
+            .iter()
+            .find(|(o, _)| *o == n)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Why a block-wise transfer failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BlockError {
+    /// The response body is larger than `max_body`.
+    TooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The representation kept changing (ETag) during the transfer.
+    Changed {
+        /// Restarts made.
+        restarts: u32,
+    },
+    /// The server broke the block-wise rules.
+    Protocol(String),
+}
+
+impl fmt::Display for BlockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlockError::TooLarge { limit } => {
+                write!(f, "the response body exceeds {limit} bytes")
+            }
+            BlockError::Changed { restarts } => write!(
+                f,
+                "the representation changed during the block-wise transfer ({restarts} restarts)"
+            ),
+            BlockError::Protocol(why) => write!(f, "block-wise transfer: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for BlockError {}
+
+/// What to do next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Start this request as the next exchange.
+    Send(Request),
+    /// The transfer is over: this is the response.
+    Done(Response),
+    /// The transfer failed.
+    Failed(BlockError),
+}
+
+/// Upload progress.
+struct Up {
+    /// The request body.
+    body: Vec<u8>,
+    /// Offset of the block in flight.
+    offset: usize,
+    /// Size exponent of the block in flight.
+    szx: u8,
+}
+
+/// Download progress.
+struct Down {
+    body: Vec<u8>,
+    etag: Option<Vec<u8>>,
+    restarts: u32,
+}
+
+/// One block-wise request. See the [module documentation](self).
+pub struct Transfer {
+    cfg: BlockConfig,
+    /// The request without payload, Block1, Size1 and Block2.
+    base: Request,
+    up: Option<Up>,
+    down: Option<Down>,
+    rtt: Duration,
+    retransmissions: u32,
+    exchanges: u32,
+}
+
+fn uint(v: u32) -> Vec<u8> {
+    encode_uint(v, &mut [0; 4]).to_vec()
+}
+
+fn block_of(options: &[(OptionNumber, Vec<u8>)], n: OptionNumber) -> Option<Option<BlockOpt>> {
+    options
+        .iter()
+        .find(|(o, _)| *o == n)
+        .map(|(_, v)| decode_uint(v).and_then(BlockOpt::decode))
+}
+
+impl Transfer {
+    /// Plans `req`; returns the transfer and the first request to send.
+    pub fn new(req: Request, cfg: BlockConfig) -> (Transfer, Request) {
+        let szx = szx_for(cfg.block_size);
+        let mut base = req;
+        let body = std::mem::take(&mut base.payload);
+        base.options.retain(|(n, _)| {
+            *n != OptionNumber::BLOCK1 && *n != OptionNumber::SIZE1 && *n != OptionNumber::BLOCK2
+        });
+        let mut t = Transfer {
+            cfg,
+            base,
+            up: None,
+            down: None,
+            rtt: Duration::ZERO,
+            retransmissions: 0,
+            exchanges: 0,
+        };
+        let first = if body.len() > 16usize << szx {
+            let total = body.len();
+            t.up = Some(Up {
+                body,
+                offset: 0,
+                szx,
+            });
+            let mut r = t.upload_request();
+            r.options.push((OptionNumber::SIZE1, uint(total as u32)));
+            r
+        } else {
+            let mut r = t.base.clone();
+            r.payload = body;
+            if cfg.ask_block2 && r.code == Code::GET {
+                r.options.push((
+                    OptionNumber::BLOCK2,
+                    uint(
+                        BlockOpt {
+                            num: 0,
+                            more: false,
+                            szx,
+                        }
+                        .encode(),
+                    ),
+                ));
+            }
+            r
+        };
+        (t, first)
+    }
+
+    /// The request carrying the upload's block in flight.
+    fn upload_request(&self) -> Request {
+        let mut r = self.base.clone();
+        if let Some(up) = &self.up {
+            let size = 16usize << up.szx;
+            let end = (up.offset + size).min(up.body.len());
+            let b = BlockOpt {
+                num: (up.offset / size) as u32,
+                more: end < up.body.len(),
+                szx: up.szx,
+            };
+            r.options.push((OptionNumber::BLOCK1, uint(b.encode())));
+            r.payload = up.body[up.offset..end].to_vec();
+        }
+        r
+    }
+
+    /// The request for the block of the response starting at `offset`.
+    fn download_request(&self, offset: usize, szx: u8) -> Request {
+        let mut r = self.base.clone();
+        r.options.retain(|(n, _)| *n != OptionNumber::ETAG);
+        let num = (offset >> (szx + 4)) as u32;
+        r.options.push((
+            OptionNumber::BLOCK2,
+            uint(
+                BlockOpt {
+                    num,
+                    more: false,
+                    szx,
+                }
+                .encode(),
+            ),
+        ));
+        r
+    }
+
+    /// Feeds the response event of the exchange last sent; other events
+    /// (timeout, reset) end the transfer with the caller.
+    pub fn on_event(&mut self, ev: Event) -> Option<Step> {
+        match ev {
+            Event::Response {
+                code,
+                msg_type,
+                options,
+                payload,
+                rtt,
+                retransmissions,
+                ..
+            } => Some(self.on_response(Response {
+                code,
+                msg_type,
+                options,
+                payload,
+                rtt,
+                retransmissions,
+                exchanges: 1,
+            })),
+            _ => None,
+        }
+    }
+
+    /// Feeds the response to the request last handed out.
+    pub fn on_response(&mut self, resp: Response) -> Step {
+        self.rtt += resp.rtt;
+        self.retransmissions += resp.retransmissions;
+        self.exchanges += 1;
+        if let Some(up) = &mut self.up {
+            let size = 16usize << up.szx;
+            let sent_end = (up.offset + size).min(up.body.len());
+            let last = sent_end == up.body.len();
+            if resp.code.class() != 2 {
+                return self.done(resp, None);
+            }
+            if !last {
+                // continue, in the block size the server names if smaller
+                let szx = match block_of(&resp.options, OptionNumber::BLOCK1) {
+                    Some(Some(b)) => b.szx.min(up.szx),
+                    Some(None) => return fail("a bad Block1 option in a 2.31"),
+                    None => up.szx,
+                };
+                up.offset = sent_end;
+                up.szx = szx;
+                return Step::Send(self.upload_request());
+            }
+            if resp.code == Code::CONTINUE {
+                return fail("2.31 Continue to the final block");
+            }
+            self.up = None;
+        }
+        let block2 = match block_of(&resp.options, OptionNumber::BLOCK2) {
+            Some(Some(b)) => b,
+            Some(None) => return fail("a bad Block2 option"),
+            None if self.down.is_some() && resp.code.class() == 2 => {
+                return fail("a later block came without Block2");
+            }
+            None => return self.done(resp, None),
+        };
+        if resp.code.class() != 2 {
+            return self.done(resp, None);
+        }
+        let etag = resp.option(OptionNumber::ETAG).map(<[u8]>::to_vec);
+        let offset = block2.num as usize * block2.size();
+        let down = self.down.get_or_insert(Down {
+            body: Vec::new(),
+            etag: etag.clone(),
+            restarts: 0,
+        });
+        if offset != down.body.len() {
+            return fail(&format!(
+                "block {} of {} bytes starts at byte {offset}, expected {}",
+                block2.num,
+                block2.size(),
+                down.body.len()
+            ));
+        }
+        if offset == 0 {
+            down.etag = etag.clone();
+            let announced = resp
+                .option(OptionNumber::SIZE2)
+                .and_then(decode_uint)
+                .unwrap_or(0) as usize;
+            if announced > self.cfg.max_body {
+                return Step::Failed(BlockError::TooLarge {
+                    limit: self.cfg.max_body,
+                });
+            }
+        } else if etag != down.etag {
+            // the representation changed: start over
+            down.restarts += 1;
+            if down.restarts > self.cfg.max_restarts {
+                return Step::Failed(BlockError::Changed {
+                    restarts: down.restarts - 1,
+                });
+            }
+            down.body.clear();
+            down.etag = None;
+            let szx = block2.szx.min(szx_for(self.cfg.block_size));
+            return Step::Send(self.download_request(0, szx));
+        }
+        if block2.more && resp.payload.len() != block2.size() {
+            return fail(&format!(
+                "block {} carries {} bytes, not its size {}",
+                block2.num,
+                resp.payload.len(),
+                block2.size()
+            ));
+        }
+        if down.body.len() + resp.payload.len() > self.cfg.max_body {
+            return Step::Failed(BlockError::TooLarge {
+                limit: self.cfg.max_body,
+            });
+        }
+        down.body.extend_from_slice(&resp.payload);
+        if block2.more {
+            let szx = block2.szx.min(szx_for(self.cfg.block_size));
+            let next = down.body.len();
+            return Step::Send(self.download_request(next, szx));
+        }
+        let body = self.down.take().map(|d| d.body);
+        self.done(resp, body)
+    }
+
+    fn done(&mut self, mut resp: Response, body: Option<Vec<u8>>) -> Step {
+        if self.exchanges > 1 || body.is_some() {
+            resp.options.retain(|(n, _)| {
+                *n != OptionNumber::BLOCK1
+                    && *n != OptionNumber::BLOCK2
+                    && *n != OptionNumber::SIZE2
+            });
+        }
+        if let Some(b) = body {
+            resp.payload = b;
+        }
+        resp.rtt = self.rtt;
+        resp.retransmissions = self.retransmissions;
+        resp.exchanges = self.exchanges;
+        Step::Done(resp)
+    }
+}
+
+fn fail(why: &str) -> Step {
+    Step::Failed(BlockError::Protocol(why.to_string()))
+}
+
+#[cfg(test)]
+mod tests;
