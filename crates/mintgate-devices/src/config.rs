@@ -82,9 +82,27 @@ pub struct DeviceSpec {
     /// Seed of a `walk` signal (default: from the name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// Observe: notify an unchanged value too once this long has passed
+    /// since the last notification (checked at each new value, e.g. each
+    /// sample of a sensor), e.g. `"10s"`; absent: notify on change only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_every: Option<String>,
 }
 
 impl DeviceSpec {
+    /// `notify_every` as a duration (`None` when absent); an error names
+    /// the device and the key.
+    pub fn notify_period(&self) -> Result<Option<std::time::Duration>, crate::DeviceError> {
+        self.notify_every
+            .as_deref()
+            .map(crate::parse::duration)
+            .transpose()
+            .map_err(|e| crate::DeviceError::Config {
+                name: self.name.clone(),
+                why: format!("notify_every: {e}"),
+            })
+    }
+
     /// A declaration with only name and kind set.
     pub fn new(name: &str, kind: DeviceKind) -> DeviceSpec {
         DeviceSpec {
@@ -97,6 +115,7 @@ impl DeviceSpec {
             chip: None,
             line: None,
             debounce: None,
+            notify_every: None,
             unit: None,
             rt: None,
             history: default_history(),

@@ -373,6 +373,7 @@ impl DeviceManager {
         if self.inner.devices.read().contains_key(&spec.name) {
             return Err(DeviceError::Exists(spec.name));
         }
+        spec.notify_period()?;
         let driver = build_driver(&spec)?;
         let dev = Arc::new(Device {
             input: self.inner.next_input.fetch_add(1, Ordering::Relaxed),

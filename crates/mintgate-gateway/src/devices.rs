@@ -11,7 +11,9 @@
 //! Observers of a device's resource are notified whenever the device
 //! records a value different from the last one notified (a sensor's
 //! sample, an edge, an actuator write from CoAP or from the direct path),
-//! and when a link's `notify(NAME)` output fires.
+//! with `notify_every` also when a new value comes that long after the last
+//! notification although it did not change (periodic notification), and
+//! when a link's `notify(NAME)` output fires.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -427,8 +429,16 @@ impl DeviceHost {
         let n = self.notifier.clone();
         let path = resource_path(dev);
         let last = AtomicU64::new(f64::NAN.to_bits());
-        dev.watch(Arc::new(move |_, v, _| {
-            if last.swap(v.to_bits(), Ordering::Relaxed) != v.to_bits() {
+        // validated when the device was added
+        let every = dev.spec().notify_period().ok().flatten();
+        let last_ms = AtomicU64::new(0);
+        dev.watch(Arc::new(move |_, v, unix_ms| {
+            let changed = last.swap(v.to_bits(), Ordering::Relaxed) != v.to_bits();
+            let due = every.is_some_and(|e| {
+                unix_ms.saturating_sub(last_ms.load(Ordering::Relaxed)) >= e.as_millis() as u64
+            });
+            if changed || due {
+                last_ms.store(unix_ms, Ordering::Relaxed);
                 n.notify(&path);
             }
         }));

@@ -498,3 +498,65 @@ fn metrics_show_observe_and_the_direct_path() {
     assert_eq!(value("mintgate_observe_observers"), 0.0);
     assert!(text.contains("mintgate_directpath_e2e_latency_seconds{quantile=\"0.99\"}"));
 }
+
+#[test]
+fn notify_every_repeats_an_unchanged_value_and_plain_sensors_stay_quiet() {
+    let mut c = config();
+    for (name, every) in [("still", None), ("beat", Some("100ms"))] {
+        let mut d = DeviceSpec::new(name, DeviceKind::SimSensor);
+        d.signal = Some("constant(5)".into());
+        d.period = Some("20ms".into());
+        d.notify_every = every.map(str::to_string);
+        c.devices.list.push(d);
+    }
+    let r = rig(c);
+    let count = |path: &str, token: &[u8]| -> usize {
+        let s = client(r.addr);
+        s.send(&msg(
+            MessageType::Non,
+            Code::GET,
+            9,
+            token,
+            path,
+            &[(OptionNumber::OBSERVE, 0)],
+            b"",
+        ))
+        .unwrap();
+        let first = recv(&s);
+        assert!(obs_of(&Packet::new_checked(&first[..]).unwrap()).is_some());
+        // one second of notifications (a bounded number of reads)
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(1);
+        let mut got = 0;
+        let mut b = [0u8; 512];
+        while Instant::now() < until && got < 100 {
+            if let Ok(n) = s.recv(&mut b) {
+                let p = Packet::new_checked(&b[..n]).unwrap();
+                if p.msg_type() == MessageType::Con {
+                    s.send(&empty_message(MessageType::Ack, p.message_id()))
+                        .unwrap();
+                }
+                assert_eq!(p.payload(), b"5");
+                got += 1;
+            }
+        }
+        got
+    };
+    let beat = count("sensors/beat", b"bt");
+    let still = count("sensors/still", b"st");
+    assert!((4..=15).contains(&beat), "about 10 a second, got {beat}");
+    assert_eq!(
+        still, 0,
+        "a constant value without notify_every is not notified"
+    );
+    // a bad duration is refused by name
+    let mut bad = DeviceSpec::new("bad", DeviceKind::SimSensor);
+    bad.signal = Some("constant(1)".into());
+    bad.notify_every = Some("soon".into());
+    let e = match r.host.manager().add(bad) {
+        Ok(_) => panic!("a bad notify_every was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("notify_every"), "{e}");
+}
