@@ -2,6 +2,7 @@
 //! the built-in resources.
 
 pub mod config;
+pub mod dashboard;
 pub mod devices;
 pub mod metrics;
 pub mod observe;
