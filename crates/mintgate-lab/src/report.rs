@@ -402,9 +402,9 @@ pub fn write_report(out: &Path, results: &[LabResult], title: &str) -> anyhow::R
     }
     h.push_str("</table>\n");
     for r in results {
-        let _ = write!(
+        let _ = writeln!(
             h,
-            "<section id=\"{n}\"><h2>lab {n} <small>{} · <span class=\"v {cls}\">{}</span> · {:.1} s</small></h2>\n",
+            "<section id=\"{n}\"><h2>lab {n} <small>{} · <span class=\"v {cls}\">{}</span> · {:.1} s</small></h2>",
             esc(r.paper),
             r.verdict(),
             r.elapsed.as_secs_f64(),
@@ -458,9 +458,9 @@ pub fn write_report(out: &Path, results: &[LabResult], title: &str) -> anyhow::R
                     match std::fs::read_to_string(&path) {
                         Ok(text) => {
                             let rows = text.lines().count().saturating_sub(1);
-                            let _ = write!(
+                            let _ = writeln!(
                                 h,
-                                "<details><summary>{} ({rows} rows)</summary>{}</details>\n",
+                                "<details><summary>{} ({rows} rows)</summary>{}</details>",
                                 esc(&name),
                                 csv_table(&text)
                             );
