@@ -162,15 +162,21 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
             }),
         });
     }
+    // `lab all --quick` must stay within a few minutes: the two comparison
+    // labs, the longest, get fewer steps than their own --quick.
     let compare = |o: &LabOptions| crate::CompareOptions {
         common: LabOptions {
             handler_cost: mintgate_gateway::config::HandlerCost::None,
+            duration: q.then_some(Duration::from_secs(3)),
             ..o.clone()
         },
         ..crate::CompareOptions::default()
     };
     {
-        let c = compare(&o);
+        let c = crate::CompareOptions {
+            clients: q.then(|| vec![100, 1000, 5000]),
+            ..compare(&o)
+        };
         jobs.push(LabJob {
             name: "clients",
             paper: "paper 000, Figs. 9-10",
@@ -179,7 +185,10 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
         });
     }
     {
-        let c = compare(&o);
+        let c = crate::CompareOptions {
+            clients: q.then(|| vec![3000]),
+            ..compare(&o)
+        };
         jobs.push(LabJob {
             name: "blocksize",
             paper: "paper 000, Fig. 11",
@@ -230,7 +239,7 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
             run: Box::new(move || {
                 crate::lab_proxy(&crate::ProxyLabOptions {
                     common: o,
-                    requests: if q { Some(50) } else { None },
+                    requests: if q { Some(30) } else { None },
                     seed: 1,
                     internet: crate::proxy::netns::LinkImpairment {
                         delay: Duration::from_millis(20),
@@ -345,13 +354,24 @@ fn csv_table(text: &str) -> String {
     t
 }
 
-/// The lines of a lab's table that state a target.
-fn target_lines(table: &str) -> Vec<&str> {
-    table
-        .lines()
-        .map(str::trim)
-        .filter(|l| l.to_ascii_lowercase().contains("target"))
-        .collect()
+/// A lab table's lines that state a target: (missed, met). A line is
+/// missed when it says `missed` or `not met`, met when it says `met`;
+/// lines that only state a target (`target >= 100x`) without a verdict
+/// are left out.
+pub fn target_lines(table: &str) -> (Vec<&str>, Vec<&str>) {
+    let (mut missed, mut met) = (Vec::new(), Vec::new());
+    for l in table.lines().map(str::trim) {
+        let low = l.to_ascii_lowercase();
+        if low.contains("missed") || low.contains("not met") {
+            missed.push(l);
+        } else if low
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|w| w == "met")
+        {
+            met.push(l);
+        }
+    }
+    (missed, met)
 }
 
 /// Writes `report.html` into `out`: the summary table, then each lab with
@@ -381,11 +401,21 @@ pub fn write_report(out: &Path, results: &[LabResult], title: &str) -> anyhow::R
     );
     for r in results {
         let detail = match &r.outcome {
-            Outcome::Ran(s) => target_lines(&s.table)
-                .iter()
-                .map(|l| esc(l))
-                .collect::<Vec<_>>()
-                .join("<br>"),
+            Outcome::Ran(s) => {
+                let (missed, met) = target_lines(&s.table);
+                let mut d: Vec<String> = missed
+                    .iter()
+                    .map(|l| format!("<span class=\"v missed\">{}</span>", esc(l)))
+                    .collect();
+                if !met.is_empty() {
+                    d.push(format!(
+                        "{} target line(s) met{}",
+                        met.len(),
+                        if missed.is_empty() { "" } else { " besides" }
+                    ));
+                }
+                d.join("<br>")
+            }
             Outcome::Failed(e) => esc(e),
             Outcome::Skipped(why) => esc(why),
         };
@@ -484,7 +514,7 @@ const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;color:#1d2330;marg
 h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #e3e6ec;padding-bottom:4px}
 h2 small{font-weight:normal;color:#6b7280;font-size:13px}h3{font-size:14px;margin:0 0 6px}
 table{border-collapse:collapse}th,td{padding:3px 8px;border-bottom:1px solid #e3e6ec;text-align:left;vertical-align:top}
-th{color:#6b7280;font-weight:normal}td.num{text-align:right}td.detail{font-size:12px}
+th{color:#6b7280;font-weight:normal}td.num{text-align:right;white-space:nowrap}td.v{white-space:nowrap}td.detail{font-size:12px}
 .v{font-weight:600}.v.met{color:#0f9d58}.v.missed,.v.failed{color:#c62828}.v.skipped,.v.no-target{color:#6b7280}
 .pair{display:flex;gap:16px;align-items:flex-start;flex-wrap:wrap}.figs{flex:1 1 640px;min-width:0}
 .figs img{max-width:100%;height:auto;border:1px solid #e3e6ec}figure{margin:0 0 12px}figcaption{color:#6b7280;font-size:12px}
@@ -496,6 +526,14 @@ details{margin:6px 0}summary{cursor:pointer;color:#2563eb}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn target_lines_are_sorted_by_verdict() {
+        let t = "Targets:\n  [met] a\n  [MISSED] b\nx: target >= 2x: NOT met\nfoo: met)\nmetric 3\n(target < 1 %)";
+        let (missed, met) = target_lines(t);
+        assert_eq!(missed, ["[MISSED] b", "x: target >= 2x: NOT met"]);
+        assert_eq!(met, ["[met] a", "foo: met)"]);
+    }
 
     #[test]
     fn base64_matches_rfc4648() {

@@ -102,5 +102,9 @@ fn report_has_every_lab_its_figures_and_the_verdicts() {
     );
     assert!(html.contains("Skipped: needs root"));
     assert!(html.contains("4 labs:") && html.contains("2 failed, 1 skipped"));
+    // the summary row of the lab that ran counts its targets
+    let row_at = html.find("<td><a href=\"#congestion\">").unwrap();
+    let row = &html[row_at..row_at + html[row_at..].find("</tr>").unwrap()];
+    assert!(row.contains("target line(s) met"), "{row}");
     let _ = std::fs::remove_dir_all(&out);
 }
