@@ -239,7 +239,7 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
             run: Box::new(move || {
                 crate::lab_proxy(&crate::ProxyLabOptions {
                     common: o,
-                    requests: if q { Some(30) } else { None },
+                    requests: if q { Some(50) } else { None },
                     seed: 1,
                     internet: crate::proxy::netns::LinkImpairment {
                         delay: Duration::from_millis(20),
