@@ -23,6 +23,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The dashboard's browser test: Debian's chromium, driven headless.
+if ! command -v chromium >/dev/null; then
+  step "installing chromium"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
 # The HTTP proxy's interop tests: curl (HTTP/1.1, HTTP/2) from Debian, and
 # aioquic (PyPI, a third-party HTTP/3 client) in a venv under target/.
 if ! command -v curl >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then

@@ -145,23 +145,25 @@ pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Re
     Ok(cfg)
 }
 
-/// Starts the proxy of `s` when it has a listener; logs where it serves and
-/// where the HTTP/3 certificate is.
-pub fn start(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Result<Option<ProxyServer>> {
+/// Starts the proxy of `s` when it has a listener, with `extra` routes (the
+/// dashboard) beside the proxy's on the HTTP listener; logs where it serves
+/// and where the HTTP/3 certificate is.
+pub fn start(
+    s: &ProxySection,
+    default_allow: &[Authority],
+    extra: Option<axum::Router>,
+) -> anyhow::Result<Option<ProxyServer>> {
     if s.http.is_none() && s.h3.is_none() {
         return Ok(None);
     }
     let cfg = proxy_config(s, default_allow)?;
     let allow: Vec<String> = cfg.allow.iter().map(|a| a.to_string()).collect();
-    let srv = ProxyServer::start(
-        cfg,
-        &Listen {
-            http: s.http,
-            h3: s.h3,
-        },
-        s.threads,
-    )
-    .context("starting the HTTP proxy")?;
+    let sockets = mintgate_proxy::Sockets::bind(&Listen {
+        http: s.http,
+        h3: s.h3,
+    })?;
+    let srv = ProxyServer::start_with(cfg, sockets, s.threads, extra)
+        .context("starting the HTTP proxy")?;
     if let Some(a) = srv.http_addr() {
         tracing::info!(
             allow = %allow.join(", "),
@@ -185,6 +187,60 @@ pub fn start(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Result<Op
         );
     }
     Ok(Some(srv))
+}
+
+/// The proxy's counters: the dashboard's `proxy` section.
+pub fn proxy_state(
+    proxy: &mintgate_proxy::Proxy,
+    http: Option<SocketAddr>,
+    h3: Option<SocketAddr>,
+) -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = proxy.stats();
+    serde_json::json!({
+        "http": http.map(|a| a.to_string()),
+        "h3": h3.map(|a| a.to_string()),
+        "requests": st.requests.load(Relaxed),
+        "cache_hits": st.cache_hits.load(Relaxed),
+        "early_data_served": st.early_data_served.load(Relaxed),
+        "errors": {
+            "rate_limited": st.rate_limited.load(Relaxed),
+            "unauthorized": st.unauthorized.load(Relaxed),
+            "forbidden": st.forbidden.load(Relaxed),
+            "too_early": st.too_early.load(Relaxed),
+            "timeouts": st.timeouts.load(Relaxed),
+            "bad_gateway": st.bad_gateway.load(Relaxed),
+            "overloaded": st.overloaded.load(Relaxed),
+        },
+    })
+}
+
+/// The same counters in the Prometheus text format, for `/metrics`.
+pub fn render_proxy_metrics(state: &serde_json::Value, out: &mut String) {
+    use std::fmt::Write as _;
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "# HELP mintgate_proxy_requests_total HTTP requests the proxy handled.\n\
+         # TYPE mintgate_proxy_requests_total counter\n\
+         mintgate_proxy_requests_total {}\n\
+         # HELP mintgate_proxy_cache_hits_total Proxied requests answered from the cache.\n\
+         # TYPE mintgate_proxy_cache_hits_total counter\n\
+         mintgate_proxy_cache_hits_total {}\n\
+         # HELP mintgate_proxy_errors_total Proxied requests refused or failed, by reason.\n\
+         # TYPE mintgate_proxy_errors_total counter",
+        n(&state["requests"]),
+        n(&state["cache_hits"])
+    );
+    if let Some(m) = state["errors"].as_object() {
+        for (k, v) in m {
+            let _ = writeln!(
+                out,
+                "mintgate_proxy_errors_total{{reason=\"{k}\"}} {}",
+                n(v)
+            );
+        }
+    }
 }
 
 /// Runs `mintgate proxy` until SIGINT or SIGTERM.
@@ -220,7 +276,7 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let set = crate::serve::block_signals();
-    let srv = start(&s, &default_allow)?.ok_or_else(|| anyhow!("nothing to serve"))?;
+    let srv = start(&s, &default_allow, None)?.ok_or_else(|| anyhow!("nothing to serve"))?;
     let sig = crate::serve::wait_for_signal(&set, Duration::from_secs(3600), || {});
     let st = srv.proxy().stats();
     use std::sync::atomic::Ordering::Relaxed;

@@ -169,14 +169,47 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     // The proxy's default upstream is this gateway's own CoAP endpoint.
-    let proxy = crate::proxy::start(&cfg.proxy, &crate::proxy::own_endpoints(&gw.local_addrs()))?;
+    let dashboard = cfg
+        .dashboard
+        .enabled
+        .then(|| mintgate_gateway::dashboard::router(gw.handle()));
+    let proxy = crate::proxy::start(
+        &cfg.proxy,
+        &crate::proxy::own_endpoints(&gw.local_addrs()),
+        dashboard,
+    )?;
+    if let Some(p) = &proxy {
+        // The dashboard's proxy section and /metrics read the same counters.
+        let stats = std::sync::Arc::new((p.proxy().clone(), p.http_addr(), p.h3_addr()));
+        let st = stats.clone();
+        gw.add_state_source(
+            "proxy",
+            std::sync::Arc::new(move || crate::proxy::proxy_state(&st.0, st.1, st.2)),
+        );
+        gw.add_metrics_source(std::sync::Arc::new(move |out: &mut String| {
+            crate::proxy::render_proxy_metrics(
+                &crate::proxy::proxy_state(&stats.0, stats.1, stats.2),
+                out,
+            )
+        }));
+        if cfg.dashboard.enabled {
+            if let Some(a) = p.http_addr() {
+                tracing::info!("dashboard on http://{a}/");
+            }
+        }
+    }
     let metrics = match cfg.metrics.bind {
         Some(addr) => {
             let m = mintgate_gateway::metrics::MetricsServer::start(addr, gw.handle())
                 .with_context(|| format!("starting the metrics endpoint on tcp {addr}"))?;
             tracing::info!(
-                "metrics on http://{0}/metrics and http://{0}/api/observer",
-                m.local_addr()
+                "metrics on http://{0}/metrics and http://{0}/api/observer{1}",
+                m.local_addr(),
+                if cfg.dashboard.enabled {
+                    format!(", dashboard on http://{}/", m.local_addr())
+                } else {
+                    String::new()
+                }
             );
             Some(m)
         }

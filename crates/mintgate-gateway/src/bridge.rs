@@ -669,6 +669,40 @@ impl MqttBridge {
         Arc::new(move |out: &mut String| render_metrics(&c, p.upgrade().map(|p| p.status()), out))
     }
 
+    /// The dashboard's `mqtt` section, for
+    /// [`crate::Gateway::add_state_source`]: broker state, publish-queue
+    /// depth and the counters. Like [`MqttBridge::metrics_source`] it holds
+    /// no strong reference.
+    pub fn state_source(&self) -> crate::pipeline::StateSource {
+        let c = self.hub.counters.clone();
+        let p: Weak<Publisher> = self
+            .publisher
+            .as_ref()
+            .map(Arc::downgrade)
+            .unwrap_or_default();
+        let broker = self.broker.to_string();
+        Arc::new(move || {
+            let st = p.upgrade().map(|p| p.status());
+            serde_json::json!({
+                "state": match &st {
+                    None => "stopped",
+                    Some(s) if s.stopped => "stopped",
+                    Some(s) if s.connected => "connected",
+                    Some(_) => "connecting",
+                },
+                "broker": broker,
+                "queue_depth": st.as_ref().map(|s| s.unacked),
+                "connects": st.as_ref().map(|s| s.connects),
+                "last_error": st.as_ref().and_then(|s| s.last_error.clone()),
+                "enqueued": c.enqueued.load(Relaxed),
+                "dropped": c.dropped_backlog.load(Relaxed) + c.dropped_error.load(Relaxed),
+                "commands_applied": c.commands_applied.load(Relaxed),
+                "commands_rejected": c.commands_rejected.load(Relaxed),
+                "observe_notifications": c.observe_notifications.load(Relaxed),
+            })
+        })
+    }
+
     /// Stops the bridges: no new values are taken, what the backlog holds
     /// is enqueued, the queue gets [`CLOSE_DRAIN`] to have it acknowledged
     /// (the rest stays in its store), the command subscription and the

@@ -53,6 +53,8 @@ pub struct Config {
     pub resources: ResourcesConfig,
     /// `[metrics]`: the metrics endpoint.
     pub metrics: MetricsConfig,
+    /// `[dashboard]`: the live dashboard on the HTTP and metrics listeners.
+    pub dashboard: DashboardConfig,
     /// `[devices]`: sensors and actuators (`[[devices.list]]`); by default
     /// a simulated temperature sensor `temp0` and a simulated actuator `led0`.
     pub devices: mintgate_devices::DevicesConfig,
@@ -391,6 +393,29 @@ pub struct MetricsConfig {
     /// Observer samples as JSON at `/api/observer`); off when absent. Keep it
     /// on loopback unless something else guards it.
     pub bind: Option<SocketAddr>,
+}
+
+/// `[dashboard]`: the live dashboard (`/`) and its JSON state
+/// (`/api/state`), served on the HTTP proxy's listener (`proxy.http`) and
+/// on the metrics endpoint (`metrics.bind`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DashboardConfig {
+    /// Serve the dashboard at all.
+    pub enabled: bool,
+    /// Answer clients that are not on loopback too (otherwise 403): the
+    /// dashboard shows the gateway's internals, and the proxy's listener
+    /// may face the network.
+    pub allow_remote: bool,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig {
+            enabled: true,
+            allow_remote: false,
+        }
+    }
 }
 
 /// `[vta]`: tuning of the Variable Thread Adjustment controller (used when

@@ -351,6 +351,59 @@ pub fn render_metrics(m: &DeviceManager, out: &mut String) {
     }
 }
 
+/// The dashboard's `devices` section: each device with its latest value.
+pub fn devices_state(m: &DeviceManager) -> serde_json::Value {
+    let list: Vec<serde_json::Value> = m
+        .list()
+        .iter()
+        .map(|d| {
+            let h = d.history();
+            serde_json::json!({
+                "name": d.name(),
+                "kind": serde_json::to_value(d.spec().kind).unwrap_or_default(),
+                "direction": match d.direction() {
+                    Direction::Sensor => "sensor",
+                    Direction::Actuator => "actuator",
+                },
+                "resource": format!("/{}", resource_path(d)),
+                "value": h.latest().map(|v| fmt_value(v).parse::<f64>().unwrap_or(v)),
+                "unit": d.spec().unit,
+                "updates": h.updates(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "list": list })
+}
+
+/// The dashboard's `directpath` section: links, counters and latency
+/// quantiles (the same as `render_metrics`).
+pub fn directpath_state(m: &DeviceManager) -> serde_json::Value {
+    let dp = m.directpath();
+    let s = dp.snapshot();
+    let us = |ns: u64| (s.processed > 0).then_some(ns as f64 / 1e3);
+    let links: Vec<serde_json::Value> = m
+        .links()
+        .into_iter()
+        .map(|(id, text)| serde_json::json!({ "id": id, "text": text }))
+        .collect();
+    serde_json::json!({
+        "links": links,
+        "wait": dp.wait_mode().to_string(),
+        "ring_capacity": dp.capacity(),
+        "queued": dp.queued(),
+        "pushed": s.pushed,
+        "processed": s.processed,
+        "fired": s.fired,
+        "filtered": s.filtered,
+        "overflow": s.overflow,
+        "output_errors": s.output_errors,
+        "worker_p50_us": us(s.worker_p50_ns),
+        "worker_p99_us": us(s.worker_p99_ns),
+        "e2e_p50_us": us(s.e2e_p50_ns),
+        "e2e_p99_us": us(s.e2e_p99_ns),
+    })
+}
+
 /// The devices of a running gateway, served as resources, and the MQTT
 /// bridges when `[mqtt]` is enabled.
 pub struct DeviceHost {
@@ -380,6 +433,7 @@ impl DeviceHost {
         let mut host = DeviceHost::attach(manager, gw, cfg.coap.max_payload)?;
         if let Some(b) = bridge {
             gw.add_metrics_source(b.metrics_source());
+            gw.add_state_source("mqtt", b.state_source());
             host.bridge = Some(b);
         }
         Ok(host)
@@ -417,6 +471,10 @@ impl DeviceHost {
         gw.add_resource(links_resource(&host.manager, host.max_block))?;
         let m = host.manager.clone();
         gw.add_metrics_source(Arc::new(move |out: &mut String| render_metrics(&m, out)));
+        let m = host.manager.clone();
+        gw.add_state_source("devices", Arc::new(move || devices_state(&m)));
+        let m = host.manager.clone();
+        gw.add_state_source("directpath", Arc::new(move || directpath_state(&m)));
         Ok(host)
     }
 

@@ -4,6 +4,7 @@
 
 pub mod bridge;
 pub mod config;
+pub mod dashboard;
 pub mod devices;
 pub mod metrics;
 pub mod observe;

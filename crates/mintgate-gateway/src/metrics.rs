@@ -1,6 +1,7 @@
 //! The metrics endpoint (`mintgate serve --metrics ADDR`): Prometheus text
 //! at `/metrics`, the Performance Observer's samples and the VTA controller's
-//! last decision as JSON at `/api/observer`.
+//! last decision as JSON at `/api/observer`, and the dashboard
+//! ([`crate::dashboard`]) at `/` and `/api/state`.
 //!
 //! It runs on its own thread with a single-threaded tokio runtime, so that
 //! it never competes with the CoAP pipeline's threads for a worker.
@@ -51,11 +52,18 @@ impl MetricsServer {
                             return;
                         }
                     };
-                    let app = Router::new()
+                    let mut app = Router::new()
                         .route("/metrics", get(metrics))
                         .route("/api/observer", get(observer))
-                        .with_state(gw);
-                    let served = axum::serve(listener, app).with_graceful_shutdown(async {
+                        .with_state(gw.clone());
+                    if gw.config().dashboard.enabled {
+                        app = app.merge(crate::dashboard::router(gw));
+                    }
+                    let served = axum::serve(
+                        listener,
+                        app.into_make_service_with_connect_info::<SocketAddr>(),
+                    )
+                    .with_graceful_shutdown(async {
                         let _ = stopped.await;
                     });
                     if let Err(e) = served.await {
@@ -463,7 +471,8 @@ pub fn own_memory() -> Option<(u64, u64)> {
     Some((kib("VmRSS:")? * 1024, kib("VmHWM:")? * 1024))
 }
 
-fn sample_json(s: &Sample) -> Value {
+/// One Observer sample as JSON (also the dashboard's series).
+pub fn sample_json(s: &Sample) -> Value {
     json!({
         "t": s.t, "dt": s.dt, "r": s.r, "h": s.h, "n": s.n, "qs": s.qs,
         "queue_bytes": s.queue_bytes, "busy": s.busy, "datagrams": s.datagrams,
@@ -471,17 +480,24 @@ fn sample_json(s: &Sample) -> Value {
     })
 }
 
-/// The Observer's samples (oldest first), the pool size and the VTA
-/// controller's last decision.
-pub fn observer_json(gw: &GatewayHandle) -> Value {
-    let decision = gw.vta_decision().map(|d| {
-        json!({
+/// The VTA controller's last decision (`null` before the first, or with a
+/// fixed pool).
+pub fn vta_json(gw: &GatewayHandle) -> Value {
+    match gw.vta_decision() {
+        Some(d) => json!({
             "r_t": d.r_t, "h_t": d.h_t, "n_t": d.n_t, "qs_t": d.qs_t, "ht_t": d.ht_t,
             "pd_t": d.pd_t, "e_t": d.e_t, "q_t": d.q_t, "p_next": d.p_next,
             "nt_max": d.nt_max, "n_next": d.n_next, "saturated": d.saturated,
             "climb": format!("{:?}", d.climb),
-        })
-    });
+        }),
+        None => Value::Null,
+    }
+}
+
+/// The Observer's samples (oldest first), the pool size and the VTA
+/// controller's last decision.
+pub fn observer_json(gw: &GatewayHandle) -> Value {
+    let decision = vta_json(gw);
     json!({
         "pool": gw.config().pipeline.pool.to_string(),
         "htp_threads": gw.htp_threads(),

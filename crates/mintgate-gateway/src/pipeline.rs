@@ -106,10 +106,19 @@ struct Shared {
     /// Extra Prometheus text from other parts of the gateway (devices,
     /// direct path), appended to `/metrics`.
     metrics_sources: RwLock<Vec<MetricsSource>>,
+    /// Named sections of the dashboard's state (`/api/state`) from other
+    /// parts of the process (devices, direct path, proxy, MQTT).
+    state_sources: RwLock<Vec<(String, StateSource)>>,
+    /// When the gateway started (uptime on the dashboard).
+    started: Instant,
 }
 
 /// Writes metric families in the Prometheus text format.
 pub type MetricsSource = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// Returns one section of the dashboard's state as JSON, read from the same
+/// counters the section's metrics come from.
+pub type StateSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 impl Shared {
     fn dedup_shard(&self, peer: &SocketAddr, mid: u16) -> &Mutex<Dedup<Outgoing>> {
@@ -185,6 +194,8 @@ impl Gateway {
             observe: Arc::new(ObserveState::new(cfg.observe_config())),
             blocks: std::sync::Mutex::new(Block1Store::new(cfg.block1_config())),
             metrics_sources: RwLock::new(Vec::new()),
+            state_sources: RwLock::new(Vec::new()),
+            started: Instant::now(),
             cfg,
         });
         {
@@ -376,6 +387,20 @@ impl Gateway {
         self.shared.metrics_sources.write().push(f);
     }
 
+    /// Adds (or replaces) the section `name` of the dashboard's state
+    /// (`/api/state`). A part that is not running adds no section, and the
+    /// dashboard shows it as not enabled.
+    pub fn add_state_source(&self, name: &str, f: StateSource) {
+        let mut v = self.shared.state_sources.write();
+        v.retain(|(n, _)| n != name);
+        v.push((name.to_owned(), f));
+    }
+
+    /// Removes the section `name` of the dashboard's state.
+    pub fn remove_state_source(&self, name: &str) {
+        self.shared.state_sources.write().retain(|(n, _)| n != name);
+    }
+
     /// The handle that tells the gateway a resource changed, so that its
     /// observers get a notification.
     pub fn notifier(&self) -> Notifier {
@@ -473,6 +498,17 @@ impl GatewayHandle {
         for f in self.shared.metrics_sources.read().iter() {
             f(out);
         }
+    }
+
+    /// Every added state section, in the order added.
+    pub fn state_sections(&self) -> Vec<(String, serde_json::Value)> {
+        let sources: Vec<(String, StateSource)> = self.shared.state_sources.read().clone();
+        sources.into_iter().map(|(n, f)| (n, f())).collect()
+    }
+
+    /// Time since the gateway started.
+    pub fn uptime(&self) -> Duration {
+        self.shared.started.elapsed()
     }
 }
 

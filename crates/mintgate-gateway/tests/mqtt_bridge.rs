@@ -221,6 +221,11 @@ fn sensor_values_reach_their_topic_in_order_over_the_bridges_own_broker() {
     let m = rig.metrics();
     assert!(m.contains("mintgate_mqtt_bridge_enqueued_total "), "{m}");
     assert!(m.contains("mintgate_mqtt_connected 1"), "{m}");
+    // the dashboard's mqtt section reads the same
+    let st = mintgate_gateway::dashboard::state_json(&rig.gw.handle());
+    assert_eq!(st["mqtt"]["state"], "connected", "{st}");
+    assert_eq!(st["mqtt"]["broker"], b.broker_url().to_string(), "{st}");
+    assert!(st["mqtt"]["enqueued"].as_u64().unwrap() >= 400, "{st}");
     let _ = std::fs::remove_dir_all(&state);
 }
 

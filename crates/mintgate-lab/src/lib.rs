@@ -28,6 +28,8 @@
 //! - [`lab_directpath`]: paper 001, Fig. 4, one read -> compare -> write
 //!   cycle through the user API, the optimized user path and the direct
 //!   path (inside the worker and end to end under load).
+//! - [`report`]: `lab all`, every lab in turn and one self-contained
+//!   `report.html` with a summary of the targets met or missed.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -49,6 +51,7 @@ mod paper;
 mod peers;
 mod plot;
 pub mod proxy;
+pub mod report;
 mod threads;
 mod vta;
 
