@@ -326,6 +326,25 @@ fn dashboard_shows_live_figures_that_match_the_metrics() {
 
     let first = read();
     let (h1, t1) = check(&first);
+    // The second read must come after a newer Observer sample: two reads
+    // can fall within one sampling second on a fast machine.
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let o: serde_json::Value =
+            serde_json::from_str(&http_get(metrics, "/api/observer")).unwrap();
+        let last = o["samples"]
+            .as_array()
+            .and_then(|s| s.last())
+            .map_or(0.0, |s| s["t"].as_f64().unwrap_or(0.0));
+        if last > t1 + 0.5 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "no new Observer sample after t = {t1}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let second = read();
     let (h2, t2) = check(&second);
     assert!(h2 > h1, "handled in all did not change: {h1} then {h2}");
