@@ -8,7 +8,10 @@
 # Toolchain: nightly when installed (AddressSanitizer, the cargo-fuzz
 # default); otherwise the default toolchain with `--sanitizer none` if that
 # builds. When no fuzzing is possible at all, prints SKIPPED and exits 0,
-# unless MINTGATE_REQUIRE_FUZZ is set (then exits 1).
+# unless MINTGATE_REQUIRE_FUZZ is set (then exits 1). A source in
+# fuzz/fuzz_targets/ that is not a target, or a target named that does not
+# exist, always fails; a target without a committed corpus in
+# fuzz/corpus/TARGET fails when MINTGATE_REQUIRE_FUZZ is set.
 #
 # New inputs libFuzzer discovers go to fuzz/work/TARGET (not committed); the
 # seeds in fuzz/corpus/TARGET are only read. A crashing input is copied into
@@ -70,12 +73,41 @@ fi
 
 fuzz() { (cd "$ROOT" && cargo "${TC[@]}" fuzz "$1" --fuzz-dir "$FUZZ_DIR" "${@:2}"); }
 
+mapfile -t LISTED < <(cargo fuzz list --fuzz-dir "$FUZZ_DIR")
 if [ $# -gt 0 ]; then
     TARGETS=("$@")
 else
-    mapfile -t TARGETS < <(cargo fuzz list --fuzz-dir "$FUZZ_DIR")
+    TARGETS=("${LISTED[@]}")
 fi
 [ ${#TARGETS[@]} -gt 0 ] || skip "no fuzz targets found in $FUZZ_DIR"
+
+# Every source in fuzz_targets/ must be a target (a [[bin]] in
+# fuzz/Cargo.toml), and every target named must exist: a parser whose
+# target silently drops out of the list would no longer be fuzzed.
+missing=()
+for f in "$FUZZ_DIR"/fuzz_targets/*.rs; do
+    n="$(basename "$f" .rs)"
+    printf '%s\n' "${LISTED[@]}" | grep -qx "$n" || missing+=("$n (no [[bin]] in fuzz/Cargo.toml)")
+done
+for t in "${TARGETS[@]}"; do
+    printf '%s\n' "${LISTED[@]}" | grep -qx "$t" || missing+=("$t (no such target)")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "fuzz: FAILED: missing fuzz targets: ${missing[*]}"
+    exit 1
+fi
+# Every target keeps a committed corpus that the replay below runs.
+nocorpus=()
+for t in "${TARGETS[@]}"; do
+    [ -n "$(find "$FUZZ_DIR/corpus/$t" -type f 2>/dev/null | head -1)" ] || nocorpus+=("$t")
+done
+if [ ${#nocorpus[@]} -gt 0 ]; then
+    if [ -n "${MINTGATE_REQUIRE_FUZZ:-}" ]; then
+        echo "fuzz: FAILED (MINTGATE_REQUIRE_FUZZ is set): no committed corpus in fuzz/corpus/ for: ${nocorpus[*]}"
+        exit 1
+    fi
+    echo "fuzz: warning: no committed corpus for: ${nocorpus[*]}" >&2
+fi
 
 echo "fuzz: $MODE; ${SECS}s per target; targets: ${TARGETS[*]}" >&2
 if ! fuzz build "${SAN[@]}" >"$LOG_DIR/build.log" 2>&1; then

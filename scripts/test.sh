@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s\n' "$*"; }
 
 # Debian packages the tests need. apt-get update first: a new machine's lists are empty.
-PKGS=(libcoap3-bin mosquitto valgrind)
+PKGS=(libcoap3-bin mosquitto valgrind libssl-dev pkg-config)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -56,7 +56,8 @@ step "cargo test (peers required)"
 export MINTGATE_REQUIRE_PEERS=1
 cargo test --workspace 2>&1 | tee target/test-output.txt
 
-fuzz_s="${MINTGATE_FUZZ_SECONDS:-20}"
+# 12 targets: 10 s each keeps the smoke run near 2-3 minutes after the build
+fuzz_s="${MINTGATE_FUZZ_SECONDS:-10}"
 if [ "$fuzz_s" != "0" ]; then
   step "fuzz smoke run (${fuzz_s}s per target, then corpus replay)"
   MINTGATE_REQUIRE_FUZZ=1 scripts/fuzz.sh "$fuzz_s"

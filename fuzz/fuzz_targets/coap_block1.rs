@@ -61,7 +61,10 @@ fuzz_target!(|data: &[u8]| {
     let router = router();
     let pool = pool();
     let store = Mutex::new(Block1Store::new(CFG));
-    let peers: [SocketAddr; 2] = ["[::1]:5683".parse().unwrap(), "127.0.0.1:9".parse().unwrap()];
+    let peers: [SocketAddr; 2] = [
+        "[::1]:5683".parse().unwrap(),
+        "127.0.0.1:9".parse().unwrap(),
+    ];
     let t0 = Instant::now();
     let mut now = t0;
     let mut rest = data;
@@ -79,6 +82,7 @@ fuzz_target!(|data: &[u8]| {
         let req = Request {
             peer: peers[i % 2],
             packet: &p,
+            identity: None,
         };
         let h = process_request_blockwise(&router, &pool, &store, now, &req, 64, 1024);
         if let Handled::Respond(rb) = h {

@@ -65,7 +65,11 @@ fuzz_target!(|data: &[u8]| {
     };
     STATE.with(|(router, pool)| {
         let peer: SocketAddr = "[::1]:5683".parse().unwrap();
-        let req = Request { peer, packet: &p };
+        let req = Request {
+            peer,
+            packet: &p,
+            identity: None,
+        };
         let con = p.msg_type() == MessageType::Con;
         match handle_request(router, pool, &req, NON_MID, DEFAULT_MAX_PAYLOAD) {
             Answer::Send(out) => {

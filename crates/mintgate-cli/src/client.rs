@@ -19,7 +19,7 @@ use mintgate_coap::cache::Cache;
 use mintgate_coap::client::blockwise::BlockConfig;
 use mintgate_coap::client::{ClientConfig, Request};
 use mintgate_coap::rto::{Adaptive, Basic, Cocoa, RtoController, TransmissionParams};
-use mintgate_coap::uri::CoapUri;
+use mintgate_coap::uri::{CoapUri, Host};
 use mintgate_coap::wire::{
     decode_uint, encode_uint, Code, ContentFormat, MessageType, OptionDef, OptionFormat,
     OptionNumber,
@@ -37,11 +37,19 @@ Exit status:
   4  a 5.xx response
   5  no response within the timeout (or the destination port is unreachable)
   6  the server rejected the request with a Reset
+  7  coaps: the DTLS handshake failed (wrong pre-shared key or identity,
+     untrusted or wrong-name certificate)
 
 Large payloads go block-wise (RFC 7959): a request payload over the block
 size is sent with Block1 (in the size the server's 2.31 asks for, if
 smaller), and a block-wise answer is fetched whole through Block2, its
 ETag checked on every block.
+
+coaps://HOST[:PORT]/PATH (port 5684 by default) runs the request over
+DTLS 1.2 (RFC 7252 section 9): with --psk-identity and --psk-key
+(pre-shared key), or with --coaps-ca (the server's certificate must chain
+to it and name HOST) and optionally --coaps-cert/--coaps-key (a client
+certificate).
 
 Output: the response payload goes to stdout; for a response other than 2.xx
 the code (e.g. \"4.04 Not Found\") also goes to stderr. --verbose adds the
@@ -53,6 +61,7 @@ const EXIT_SERVER_ERROR: u8 = 4;
 const EXIT_TIMEOUT: u8 = 5;
 const EXIT_RESET: u8 = 6;
 const EXIT_OTHER: u8 = 1;
+const EXIT_HANDSHAKE: u8 = 7;
 
 /// Default overall timeout of a NON request.
 const NON_TIMEOUT: Duration = Duration::from_secs(5);
@@ -61,11 +70,14 @@ const NON_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(clap::Args)]
 #[command(after_help = EXIT_CODES)]
 pub struct RequestArgs {
-    /// coap://host[:port]/path?query — host is an IPv4 address, an IPv6
-    /// address in brackets or a name; port defaults to 5683; path segments
-    /// and query parameters are percent-decoded.
+    /// coap://host[:port]/path?query or coaps://... — host is an IPv4
+    /// address, an IPv6 address in brackets or a name; port defaults to
+    /// 5683 (coaps: 5684); path segments and query parameters are
+    /// percent-decoded.
     #[arg(value_name = "URI")]
     uri: String,
+    #[command(flatten)]
+    dtls: DtlsArgs,
     /// Request payload, as given.
     #[arg(
         short = 'e',
@@ -97,6 +109,16 @@ pub struct RequestArgs {
     /// value.
     #[arg(short = 'O', long = "option", value_name = "NUM,VALUE", value_parser = parse_option)]
     options: Vec<ExtraOption>,
+    /// Access token for writes to a gateway with `access.write = "token"`,
+    /// sent in the Access-Token option (65002); also read from
+    /// MINTGATE_ACCESS_TOKEN.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "MINTGATE_ACCESS_TOKEN",
+        hide_env_values = true
+    )]
+    access_token: Option<String>,
     /// Print the message type, code, options, round-trip time and
     /// retransmissions to stderr.
     #[arg(short, long)]
@@ -127,6 +149,65 @@ pub struct RequestArgs {
     interval: Option<Duration>,
 }
 
+/// The DTLS options of a coaps request.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DtlsArgs {
+    /// coaps: the PSK identity to use with --psk-key.
+    #[arg(long, value_name = "ID", requires = "psk_key")]
+    pub psk_identity: Option<String>,
+    /// coaps: the pre-shared key, as text or 0x and hex digits (or from
+    /// the MINTGATE_PSK_KEY variable, which does not show in `ps`).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "MINTGATE_PSK_KEY",
+        requires = "psk_identity"
+    )]
+    pub psk_key: Option<String>,
+    /// coaps: PEM CA certificates the server's certificate must chain to
+    /// (its subjectAltName must name the URI's host).
+    #[arg(long, value_name = "FILE")]
+    pub coaps_ca: Option<PathBuf>,
+    /// coaps: PEM client certificate chain to present.
+    #[arg(long, value_name = "FILE", requires = "coaps_key")]
+    pub coaps_cert: Option<PathBuf>,
+    /// coaps: PEM private key of --coaps-cert.
+    #[arg(long, value_name = "FILE", requires = "coaps_cert")]
+    pub coaps_key: Option<PathBuf>,
+}
+
+impl DtlsArgs {
+    /// The client settings for a session with `host`.
+    pub fn settings(&self, host: &Host) -> anyhow::Result<mintgate_dtls::ClientSettings> {
+        let psk = match (&self.psk_identity, &self.psk_key) {
+            (Some(id), Some(k)) => Some(
+                mintgate_dtls::parse_key(k)
+                    .and_then(|key| mintgate_dtls::Psk::new(id, key))
+                    .context("--psk-identity/--psk-key")?,
+            ),
+            _ => None,
+        };
+        Ok(mintgate_dtls::ClientSettings {
+            psk,
+            certs: mintgate_dtls::CertFiles {
+                chain: self.coaps_cert.clone(),
+                key: self.coaps_key.clone(),
+                ca: self.coaps_ca.clone(),
+            },
+            server_name: Some(match host {
+                Host::Ip(ip) => ip.to_string(),
+                Host::Name(n) => n.clone(),
+            }),
+            mtu: 0,
+        })
+    }
+
+    /// Whether any DTLS option was given.
+    pub fn any(&self) -> bool {
+        self.psk_identity.is_some() || self.coaps_ca.is_some() || self.coaps_cert.is_some()
+    }
+}
+
 /// The RTO controllers a request can use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Cc {
@@ -144,8 +225,12 @@ struct ExtraOption(OptionNumber, Vec<u8>);
 
 /// Sends one request with `method` and prints the outcome.
 pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
-    let uri = parse_uri(&args.uri)?;
+    let (uri, secure) = mintgate_coap::uri::parse_any(&args.uri)
+        .with_context(|| format!("bad URI '{}'", args.uri))?;
     let dest = resolve(&uri)?;
+    if !secure && args.dtls.any() {
+        anyhow::bail!("--psk-identity, --coaps-ca and --coaps-cert are for coaps:// URIs only");
+    }
 
     let payload = match (&args.payload, &args.payload_file) {
         (Some(p), _) => p.clone().into_bytes(),
@@ -176,6 +261,12 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     options.extend(args.options.iter().map(|o| (o.0, o.1.clone())));
+    if let Some(t) = &args.access_token {
+        options.push((
+            mintgate_gateway::access::ACCESS_TOKEN,
+            t.as_bytes().to_vec(),
+        ));
+    }
 
     let params = TransmissionParams::default();
     let overall = args.timeout.unwrap_or(if args.non {
@@ -197,8 +288,43 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         ask_block2: args.block_size.is_some(),
         ..BlockConfig::default()
     };
-    let mut out =
-        Outbound::new(dest.is_ipv6(), config, rto, seed, block).context("binding a UDP socket")?;
+    let mut out = if secure {
+        let settings = args.dtls.settings(&uri.host)?;
+        match Outbound::new_dtls(
+            dest,
+            settings,
+            Instant::now() + overall,
+            config,
+            rto,
+            seed,
+            block,
+        ) {
+            Ok(o) => {
+                if args.verbose {
+                    eprintln!(
+                        "-- DTLS session with {dest}, {}",
+                        o.dtls_cipher().unwrap_or("?")
+                    );
+                }
+                o
+            }
+            Err(OutboundError::Unreachable) => return Ok(unreachable(dest)),
+            Err(OutboundError::Dtls(mintgate_dtls::DtlsError::Timeout)) => {
+                eprintln!(
+                    "mintgate: no DTLS handshake with {dest} within {}",
+                    fmt_duration(overall)
+                );
+                return Ok(ExitCode::from(EXIT_TIMEOUT));
+            }
+            Err(OutboundError::Dtls(e @ mintgate_dtls::DtlsError::Handshake(_))) => {
+                eprintln!("mintgate: {dest}: {e}");
+                return Ok(ExitCode::from(EXIT_HANDSHAKE));
+            }
+            Err(e) => return Err(e).with_context(|| format!("coaps session with {dest}")),
+        }
+    } else {
+        Outbound::new(dest.is_ipv6(), config, rto, seed, block).context("binding a UDP socket")?
+    };
     if args.cache {
         out = out.with_cache(Cache::new(64, 16 << 20).with_max_bytes(64 << 20));
     }
@@ -260,6 +386,10 @@ fn one(
         }
         Err(OutboundError::Request(e)) => return Err(e.into()),
         Err(OutboundError::Io(e)) => return Err(e).with_context(|| format!("talking to {dest}")),
+        Err(OutboundError::Dtls(e)) => {
+            eprintln!("mintgate: {dest}: {e}");
+            return Ok(ExitCode::from(EXIT_OTHER));
+        }
     };
     let r = fetched.response;
     let (code, options, payload) = (r.code, &r.options, &r.payload);
@@ -428,10 +558,10 @@ fn hex(v: &[u8]) -> String {
 }
 
 /// One JSON object describing a response.
-fn json_response(
+fn json_response<V: AsRef<[u8]>>(
     code: Code,
     ty: MessageType,
-    options: &[(OptionNumber, Vec<u8>)],
+    options: &[(OptionNumber, V)],
     payload: &[u8],
     rtt: Duration,
     retransmissions: u32,
@@ -448,6 +578,7 @@ fn json_response(
         rtt.as_secs_f64() * 1e3,
     );
     for (i, (n, v)) in options.iter().enumerate() {
+        let v = v.as_ref();
         let value = match n.def().map(|d| d.format) {
             Some(OptionFormat::Uint) => decode_uint(v).map(|u| u.to_string()),
             Some(OptionFormat::String) => std::str::from_utf8(v).ok().map(json_string),
@@ -572,7 +703,7 @@ mod tests {
              {\"number\":8,\"name\":\"Location-Path\",\"value\":\"q\\\"\"}],\
              \"payload\":\"a\\\"b\\n\\u0001\"}"
         );
-        let bin = json_response(
+        let bin = json_response::<Vec<u8>>(
             Code::CONTENT,
             MessageType::Non,
             &[],

@@ -22,8 +22,13 @@ pub struct LabArgs {
 
 #[derive(clap::Subcommand)]
 enum Lab {
+    /// coaps (CoAP over DTLS 1.2) on this machine: handshakes per second
+    /// (pre-shared key and certificate) and the throughput over established
+    /// sessions beside plain CoAP, measured in one run against one
+    /// in-process gateway; prints the coaps/coap ratio.
+    Dtls(crate::dtls_lab::DtlsLabArgs),
     /// Every lab in turn (threads, vta, clients, blocksize, congestion,
-    /// mqtt, proxy, buffers, directpath, footprint), then one
+    /// mqtt, proxy, buffers, directpath, footprint, overload), then one
     /// self-contained report.html: each lab's figures beside its table of
     /// our figures and the paper's, its CSVs, and a summary of the targets
     /// met or missed. A lab that fails is reported and the others still
@@ -126,6 +131,24 @@ enum Lab {
     Footprint {
         #[command(flatten)]
         out: OutArgs,
+    },
+    /// `mintgate serve` (fixed:2 handler threads, 1 ms blocking handler) at
+    /// ten times its closed-loop capacity: open loop, 10 NON GETs/s per
+    /// client from 127.0.0.1 for 60 s (--quick 30 s), while a probe sends a
+    /// CON GET each second from 127.0.0.2. Targets: every probe answered
+    /// 2.05 within its first two RFC 7252 retransmissions (14 s), every
+    /// datagram handled or counted shed, VmRSS under --rss-limit and not
+    /// growing. Writes `overload.csv` (per second: offered, handled, shed,
+    /// RSS, probe latency) and `overload.svg`.
+    Overload {
+        #[command(flatten)]
+        out: OutArgs,
+        /// Length of the overload [60s; quick: 30s].
+        #[arg(long, value_parser = parse_duration)]
+        duration: Option<Duration>,
+        /// Memory bound, MiB of VmRSS.
+        #[arg(long, default_value_t = 64)]
+        rss_limit: u64,
     },
     /// Paper 002 Tables 4-6: HTTP/1.1 (TCP) and HTTP/3 (QUIC) proxies in
     /// front of a CoAP server at 5, 10 and 15 % loss; persistent and
@@ -303,6 +326,7 @@ impl Common {
 pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
     let summary = match args.lab {
         Lab::All { quick, out } => return run_all(quick, out),
+        Lab::Dtls(a) => return crate::dtls_lab::run(a),
         Lab::Threads {
             common,
             max_threads,
@@ -370,6 +394,22 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         })?,
         Lab::Buffers { out } => mintgate_lab::lab_buffers(&out.options())?,
         Lab::Directpath { out } => mintgate_lab::lab_directpath(&out.options())?,
+        Lab::Overload {
+            out,
+            duration,
+            rss_limit,
+        } => {
+            let exe = std::env::current_exe()
+                .map_err(|e| anyhow::anyhow!("cannot find the mintgate executable: {e}"))?;
+            mintgate_lab::lab_overload(
+                &LabOptions {
+                    duration,
+                    ..out.options()
+                },
+                &exe,
+                Some(rss_limit << 20),
+            )?
+        }
         Lab::Footprint { out } => {
             let exe = std::env::current_exe()
                 .map_err(|e| anyhow::anyhow!("cannot find the mintgate executable: {e}"))?;

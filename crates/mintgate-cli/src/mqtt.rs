@@ -88,9 +88,11 @@ pub struct PublishArgs {
 /// Arguments of `mintgate subscribe`.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Prints each message once, in order per publisher (by its sequence \
-number): `PUBLISHER SEQ MSG`, or one JSON object per line with --json. Duplicates are dropped; \
-a message arriving ahead of a missing one is held until the gap fills, for at most --gap-timeout."
+    after_help = "Prints each message once, in order per publisher and topic (by its \
+sequence number, which publishers count per topic): `PUBLISHER SEQ MSG`, or one JSON object per \
+line with --json (which also names the topic). Duplicates are dropped; a message arriving ahead \
+of a missing one is held until the gap fills, for at most --gap-timeout. A stream is picked up \
+wherever it is when the subscriber joins (see --first-seq)."
 )]
 pub struct SubscribeArgs {
     /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1) or mqtt5://HOST[:PORT] (MQTT 5).
@@ -102,7 +104,7 @@ pub struct SubscribeArgs {
     /// Exit after this many in-order messages.
     #[arg(long)]
     count: Option<u64>,
-    /// Print JSON lines: {"pub","seq","ts","msg","skipped_before"}.
+    /// Print JSON lines: {"pub","topic","seq","ts","msg","skipped_before"}.
     #[arg(long)]
     json: bool,
     /// Subscription QoS.
@@ -118,10 +120,13 @@ pub struct SubscribeArgs {
     /// Longest wait for a missing sequence before skipping it.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     gap_timeout: Duration,
-    /// Start each publisher at the first sequence seen rather than at 1 (a
-    /// subscriber joining a running stream).
-    #[arg(long)]
-    from_first_seen: bool,
+    /// Expect every stream (publisher and topic) to start at this sequence,
+    /// e.g. 1 when subscribed before the publisher starts, to hear of
+    /// anything lost before the first arrival (skipped after
+    /// --gap-timeout). Default: start at the first sequence seen (held 100 ms
+    /// for lower ones arriving just after it), for joining a running stream.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    first_seq: Option<u64>,
     /// Exit (code 1 if --count is not reached) after this long.
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
@@ -169,7 +174,7 @@ pub fn run_publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
     cfg.publisher_id = a.publisher_id.clone();
     let p = Publisher::start(cfg).context("starting the publish queue")?;
     let st0 = p.status();
-    let first_new = st0.next_seq;
+    let first_new = p.next_seq(&a.topic)?;
     if st0.resumed > 0 || first_new > 1 {
         eprintln!(
             "publish: resuming {}: {} unacknowledged message(s) to resend, next new seq {}",
@@ -330,7 +335,7 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
     cfg.client_id = a.client_id.clone();
     cfg.persistent_session = a.persistent;
     cfg.reorder = ReorderConfig {
-        first_seq: if a.from_first_seen { None } else { Some(1) },
+        first_seq: a.first_seq,
         gap_timeout: Some(a.gap_timeout),
         ..ReorderConfig::default()
     };
@@ -362,13 +367,14 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
                 got += 1;
                 if d.skipped_before > 0 {
                     eprintln!(
-                        "subscribe: {} message(s) of {} before seq {} never arrived; skipped",
-                        d.skipped_before, d.env.publisher, d.env.seq
+                        "subscribe: {} message(s) of {} on {:?} before seq {} never arrived; skipped",
+                        d.skipped_before, d.env.publisher, d.topic, d.env.seq
                     );
                 }
                 let line = if a.json {
                     serde_json::json!({
                         "pub": d.env.publisher,
+                        "topic": d.topic,
                         "seq": d.env.seq,
                         "ts": d.env.ts,
                         "msg": d.env.msg,

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use mintgate_coap::rto::Algorithm;
+use mintgate_gateway::access::{AccessSection, WriteMode};
 use mintgate_gateway::config::ProxySection;
 use mintgate_gateway::Config;
 use mintgate_proxy::mapping::{Authority, ReverseMapping};
-use mintgate_proxy::{Listen, ProxyConfig, ProxyServer};
+use mintgate_proxy::{Listen, ProxyConfig, ProxyServer, WriteAuth};
 
 /// Arguments of `mintgate proxy`.
 #[derive(clap::Args)]
@@ -139,24 +140,40 @@ pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Re
             session_cache: s.session_cache,
             early_data: s.early_data,
         },
+        write_auth: WriteAuth::Open,
     };
     cfg.validate()
         .map_err(|e| anyhow!("invalid config value proxy.{}: {}", e.key, e.why))?;
     Ok(cfg)
 }
 
+/// The HTTP side of the `[access]` policy: bearer tokens for writes, passed
+/// on to the gateway's own CoAP endpoints `own` only.
+pub fn write_auth(access: &AccessSection, own: &[Authority]) -> WriteAuth {
+    match access.write {
+        WriteMode::Open => WriteAuth::Open,
+        WriteMode::Token => WriteAuth::Bearer {
+            tokens: access.tokens.clone(),
+            forward_to: own.to_vec(),
+        },
+        WriteMode::Dtls => WriteAuth::Refuse,
+    }
+}
+
 /// Starts the proxy of `s` when it has a listener, with `extra` routes (the
-/// dashboard) beside the proxy's on the HTTP listener; logs where it serves
-/// and where the HTTP/3 certificate is.
+/// dashboard) beside the proxy's on the HTTP listener and `access`'s write
+/// policy; logs where it serves and where the HTTP/3 certificate is.
 pub fn start(
     s: &ProxySection,
     default_allow: &[Authority],
+    access: &AccessSection,
     extra: Option<axum::Router>,
 ) -> anyhow::Result<Option<ProxyServer>> {
     if s.http.is_none() && s.h3.is_none() {
         return Ok(None);
     }
-    let cfg = proxy_config(s, default_allow)?;
+    let mut cfg = proxy_config(s, default_allow)?;
+    cfg.write_auth = write_auth(access, default_allow);
     let allow: Vec<String> = cfg.allow.iter().map(|a| a.to_string()).collect();
     let sockets = mintgate_proxy::Sockets::bind(&Listen {
         http: s.http,
@@ -206,6 +223,7 @@ pub fn proxy_state(
         "errors": {
             "rate_limited": st.rate_limited.load(Relaxed),
             "unauthorized": st.unauthorized.load(Relaxed),
+            "write_refused": st.write_refused.load(Relaxed),
             "forbidden": st.forbidden.load(Relaxed),
             "too_early": st.too_early.load(Relaxed),
             "timeouts": st.timeouts.load(Relaxed),
@@ -276,7 +294,8 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let set = crate::serve::block_signals();
-    let srv = start(&s, &default_allow, None)?.ok_or_else(|| anyhow!("nothing to serve"))?;
+    let srv =
+        start(&s, &default_allow, &cfg.access, None)?.ok_or_else(|| anyhow!("nothing to serve"))?;
     let sig = crate::serve::wait_for_signal(&set, Duration::from_secs(3600), || {});
     let st = srv.proxy().stats();
     use std::sync::atomic::Ordering::Relaxed;

@@ -23,6 +23,35 @@ pub struct ServeArgs {
     /// CoAP UDP address to listen on, e.g. 127.0.0.1:5683 or [::]:5683 (repeatable; replaces coap.bind).
     #[arg(long, value_name = "ADDR")]
     coap: Vec<SocketAddr>,
+    /// coaps (CoAP over DTLS 1.2) UDP address to listen on, e.g.
+    /// 127.0.0.1:5684 (repeatable; replaces coaps.bind). Needs a pre-shared
+    /// key (--psk-identity and --psk-key) or a certificate (--coaps-cert
+    /// and --coaps-key).
+    #[arg(long, value_name = "ADDR")]
+    coaps: Vec<SocketAddr>,
+    /// PSK identity clients use with --psk-key (replaces coaps.psk_identity).
+    #[arg(long, value_name = "ID", requires = "psk_key")]
+    psk_identity: Option<String>,
+    /// Pre-shared key of --psk-identity: the text as given, or 0x and hex
+    /// digits (replaces coaps.psk_key; prefer the config file or the
+    /// MINTGATE_PSK_KEY variable, which do not show in `ps`).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "MINTGATE_PSK_KEY",
+        requires = "psk_identity"
+    )]
+    psk_key: Option<String>,
+    /// PEM certificate chain for coaps (replaces coaps.cert).
+    #[arg(long, value_name = "FILE", requires = "coaps_key")]
+    coaps_cert: Option<PathBuf>,
+    /// PEM private key of --coaps-cert (replaces coaps.key).
+    #[arg(long, value_name = "FILE", requires = "coaps_cert")]
+    coaps_key: Option<PathBuf>,
+    /// PEM CA certificates client certificates must chain to; clients then
+    /// need a valid certificate (replaces coaps.client_ca).
+    #[arg(long, value_name = "FILE")]
+    coaps_client_ca: Option<PathBuf>,
     /// Handler threads (replaces pipeline.threads; 0 = cores).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -59,6 +88,14 @@ pub struct ServeArgs {
     /// --mqtt).
     #[arg(long, value_name = "URL")]
     mqtt_broker: Option<String>,
+    /// MQTT 3.1.1 listener of the embedded broker (replaces
+    /// mqtt.embedded_listen, default 127.0.0.1:1883; port 0: any free port).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_listen: Option<SocketAddr>,
+    /// MQTT 5 listener of the embedded broker (replaces
+    /// mqtt.embedded_listen5, default 127.0.0.1:1884; port 0: any free port).
+    #[arg(long, value_name = "ADDR")]
+    mqtt_listen5: Option<SocketAddr>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -100,6 +137,15 @@ pub(crate) fn wait_for_signal(
     }
 }
 
+/// The plain CoAP listeners (the proxy's own upstream must not be a coaps one).
+fn plain_addrs(gw: &Gateway) -> Vec<SocketAddr> {
+    let coaps = gw.coaps_addrs();
+    gw.local_addrs()
+        .into_iter()
+        .filter(|a| !coaps.contains(a))
+        .collect()
+}
+
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = match &a.config {
         Some(p) => Config::load(p)?,
@@ -107,6 +153,20 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     if !a.coap.is_empty() {
         cfg.coap.bind = a.coap.clone();
+    }
+    if !a.coaps.is_empty() {
+        cfg.coaps.bind = a.coaps.clone();
+    }
+    if a.psk_identity.is_some() {
+        cfg.coaps.psk_identity = a.psk_identity.clone();
+        cfg.coaps.psk_key = a.psk_key.clone();
+    }
+    if a.coaps_cert.is_some() {
+        cfg.coaps.cert = a.coaps_cert.clone();
+        cfg.coaps.key = a.coaps_key.clone();
+    }
+    if a.coaps_client_ca.is_some() {
+        cfg.coaps.client_ca = a.coaps_client_ca.clone();
     }
     if let Some(t) = a.threads {
         cfg.pipeline.threads = t;
@@ -133,11 +193,19 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if a.mqtt {
         cfg.mqtt.enabled = true;
     }
+    if let Some(l) = a.mqtt_listen {
+        cfg.mqtt.embedded_listen = l;
+    }
+    if let Some(l) = a.mqtt_listen5 {
+        cfg.mqtt.embedded_listen5 = l;
+    }
     cfg.validate()?;
     if a.print_config {
         print!("{}", cfg.to_toml());
         return Ok(ExitCode::SUCCESS);
     }
+    // a read-only or full state folder is an error now, not a failed write later
+    mintgate_gateway::state::check_all(&cfg)?;
     let set = block_signals();
     let gw =
         Gateway::start(cfg.clone(), resources::router_for(&cfg)).context("starting the gateway")?;
@@ -175,7 +243,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         .then(|| mintgate_gateway::dashboard::router(gw.handle()));
     let proxy = crate::proxy::start(
         &cfg.proxy,
-        &crate::proxy::own_endpoints(&gw.local_addrs()),
+        &crate::proxy::own_endpoints(&plain_addrs(&gw)),
+        &cfg.access,
         dashboard,
     )?;
     if let Some(p) = &proxy {
@@ -215,10 +284,17 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
+    let coaps = gw.coaps_addrs();
     let addrs: Vec<String> = gw
         .local_addrs()
         .iter()
-        .map(|a| format!("udp {a}"))
+        .map(|a| {
+            if coaps.contains(a) {
+                format!("coaps udp {a}")
+            } else {
+                format!("udp {a}")
+            }
+        })
         .collect();
     let pool_bytes: usize = cfg
         .buffers

@@ -101,6 +101,8 @@ fn every_printed_key_is_documented_in_its_section() {
         ("proxy", "http"),
         ("proxy", "h3"),
         ("devices", "store"),
+        ("coaps", "psk_identity"),
+        ("coaps", "psk_key"),
     ] {
         assert!(
             all.contains(&(k.0.to_owned(), k.1.to_owned())),
@@ -162,11 +164,18 @@ fn every_example_starts_a_gateway() {
             .replace("/tmp/mintgate-demo", dir.to_str().unwrap());
         std::fs::write(dir.join("relay"), "0\n").unwrap();
         let cfg = dir.join("config.toml");
-        std::fs::write(&cfg, text).unwrap();
+        std::fs::write(&cfg, &text).unwrap();
+        // a coaps listener too on a free port (it needs the example's keys)
+        let coaps: &[&str] = if text.contains("[coaps]") {
+            &["--coaps", "127.0.0.1:0"]
+        } else {
+            &[]
+        };
         let mut p = Proc(
             Command::new(BIN)
                 .current_dir(&dir)
                 .args(["serve", "--config", cfg.to_str().unwrap()])
+                .args(coaps)
                 .args(["--coap", "127.0.0.1:0", "--http", "127.0.0.1:0"])
                 .args(["--h3", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
                 .args(["--log", "info", "--log-format", "json"])

@@ -145,6 +145,7 @@ fn publisher_kill_9_mid_stream_then_resume() {
     let topic = "mintgate/test/kill9".to_string();
     let mut sc = SubscriberConfig::new(broker.url(), topic.clone());
     sc.reorder = ReorderConfig {
+        first_seq: Some(1),
         gap_timeout: Some(Duration::from_secs(20)),
         ..ReorderConfig::default()
     };

@@ -2,10 +2,12 @@
 //! the block after the `quickstart` marker is read from the README and each
 //! command is run as written, with the ports swapped for free ones (5683 for
 //! the CoAP port, 8080 for the HTTP port) and `mintgate` for the binary
-//! under test. `cargo install` is the build that made that binary, and the
-//! MQTT step (`serve --mqtt`) binds the embedded broker's fixed ports: both
-//! are checked to be there and not run (the bridges have tests of their
-//! own, crates/mintgate-gateway/tests/mqtt_bridge.rs).
+//! under test. `cargo install` is the build that made that binary (checked
+//! to be there, not run). The MQTT step runs a second gateway with the
+//! bridges (`serve --mqtt`, CoAP on 5684 swapped for a free port) and
+//! `mintgate subscribe`; the embedded broker gets free ports through
+//! `--mqtt-listen`/`--mqtt-listen5` and the subscriber its `--broker`, the
+//! ports being the only change.
 //!
 //! Also here: `--log-format json` gives one JSON object per line, and every
 //! subcommand's `--help` describes the command and each of its options.
@@ -51,7 +53,8 @@ impl Drop for Proc {
     }
 }
 
-/// The quick start's command lines (comments and a trailing `&` removed).
+/// The quick start's commands (comments removed), each with whether it runs
+/// in the background (`&`, trailing or between two commands of a line).
 fn quickstart() -> Vec<(String, bool)> {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let at = readme
@@ -64,9 +67,16 @@ fn quickstart() -> Vec<(String, bool)> {
         .lines()
         .map(|l| l.split("  #").next().unwrap().trim())
         .filter(|l| !l.is_empty())
-        .map(|l| match l.strip_suffix('&') {
-            Some(c) => (c.trim().to_owned(), true),
-            None => (l.to_owned(), false),
+        .flat_map(|l| {
+            let parts: Vec<&str> = l.split(" & ").collect();
+            let last = parts.len() - 1;
+            parts
+                .into_iter()
+                .enumerate()
+                .map(move |(i, c)| match c.trim().strip_suffix('&') {
+                    Some(c) => (c.trim().to_owned(), true),
+                    None => (c.trim().to_owned(), i < last),
+                })
         })
         .collect()
 }
@@ -104,7 +114,7 @@ fn temperature(text: &str, what: &str) -> f64 {
 #[test]
 fn the_readme_quick_start_works_command_for_command() {
     let steps = quickstart();
-    assert_eq!(steps.len(), 7, "{steps:?}");
+    assert_eq!(steps.len(), 8, "{steps:?}");
     let curl_ok = Command::new("curl").arg("--version").output().is_ok();
     if !curl_ok {
         if std::env::var_os("MINTGATE_REQUIRE_PEERS").is_some() {
@@ -113,16 +123,18 @@ fn the_readme_quick_start_works_command_for_command() {
         eprintln!("skipping: curl is not installed (the quick start uses it)");
         return;
     }
-    let (coap, http) = (free_udp(), free_tcp());
+    let (coap, coap2, http, mqtt) = (free_udp(), free_udp(), free_tcp(), free_tcp());
     let work = std::env::temp_dir().join(format!("mintgate-quickstart-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
     let mut server: Option<Proc> = None;
+    let mut mqtt_gateway: Option<Proc> = None;
     let mut ran = Vec::new();
     for (line, background) in &steps {
         let cmd = line
             .replace("coap://127.0.0.1/", &format!("coap://127.0.0.1:{coap}/"))
             .replace("127.0.0.1:5683", &format!("127.0.0.1:{coap}"))
+            .replace("127.0.0.1:5684", &format!("127.0.0.1:{coap2}"))
             .replace("127.0.0.1:8080", &format!("127.0.0.1:{http}"));
         let mut argv: Vec<String> = cmd.split_whitespace().map(str::to_owned).collect();
         match argv[0].as_str() {
@@ -138,17 +150,36 @@ fn the_readme_quick_start_works_command_for_command() {
                 );
                 continue;
             }
-            "mintgate" if line.contains("--mqtt") => {
-                eprintln!("not run (the embedded broker's ports are fixed): {line}");
-                continue;
+            "mintgate" => {
+                argv[0] = BIN.to_owned();
+                // The embedded broker's ports (1883, 1884 by default) and
+                // where the subscriber looks for it: free ones instead.
+                if argv[1] == "serve" && argv.iter().any(|a| a == "--mqtt") {
+                    argv.extend([
+                        "--mqtt-listen".into(),
+                        format!("127.0.0.1:{mqtt}"),
+                        "--mqtt-listen5".into(),
+                        "127.0.0.1:0".into(),
+                    ]);
+                }
+                if argv[1] == "subscribe" {
+                    assert!(!line.contains("--broker"), "{line}");
+                    argv.extend(["--broker".into(), format!("mqtt://127.0.0.1:{mqtt}")]);
+                }
             }
-            "mintgate" => argv[0] = BIN.to_owned(),
             "curl" => argv.insert(1, "-sS".into()),
             other => panic!("unexpected command {other} in the quick start"),
         }
         if *background {
-            assert_eq!(argv[1], "serve", "only the server runs in the background");
-            argv.extend(["--coap".into(), format!("127.0.0.1:{coap}")]);
+            assert_eq!(argv[1], "serve", "only servers run in the background");
+            if !argv.iter().any(|a| a == "--coap") {
+                argv.extend(["--coap".into(), format!("127.0.0.1:{coap}")]);
+            }
+            let (wait_port, slot) = if argv.iter().any(|a| a == "--mqtt") {
+                (mqtt, &mut mqtt_gateway)
+            } else {
+                (http, &mut server)
+            };
             let child = Command::new(&argv[0])
                 .args(&argv[1..])
                 .current_dir(&work)
@@ -159,11 +190,11 @@ fn the_readme_quick_start_works_command_for_command() {
                 .unwrap();
             let p = Proc(child);
             let end = Instant::now() + Duration::from_secs(10);
-            while TcpStream::connect(("127.0.0.1", http)).is_err() {
-                assert!(Instant::now() < end, "mintgate serve did not come up");
+            while TcpStream::connect(("127.0.0.1", wait_port)).is_err() {
+                assert!(Instant::now() < end, "`{line}` did not come up");
                 std::thread::sleep(Duration::from_millis(50));
             }
-            server = Some(p);
+            *slot = Some(p);
             ran.push(line.clone());
             continue;
         }
@@ -198,6 +229,21 @@ fn the_readme_quick_start_works_command_for_command() {
                 format!("http://127.0.0.1:{http}/"),
             ]);
             assert!(String::from_utf8_lossy(&page.stdout).contains("<title>mintgate dashboard"));
+        } else if line.starts_with("mintgate subscribe") {
+            // `PUBLISHER SEQ MSG`: three values of temp0 from the second
+            // gateway, consecutive sequence numbers, in order.
+            let lines: Vec<&str> = stdout.lines().collect();
+            assert_eq!(lines.len(), 3, "{stdout}");
+            let mut seqs = Vec::new();
+            for l in &lines {
+                let mut f = l.splitn(3, ' ');
+                let (_, seq, msg) = (f.next(), f.next().unwrap(), f.next().unwrap());
+                seqs.push(seq.parse::<u64>().unwrap());
+                let v: serde_json::Value = serde_json::from_str(msg).expect("JSON value");
+                assert_eq!(v["device"], "temp0", "{l}");
+                temperature(&v["value"].to_string(), line);
+            }
+            assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
         } else {
             panic!("no check for `{line}`");
         }
@@ -205,9 +251,10 @@ fn the_readme_quick_start_works_command_for_command() {
     }
     assert_eq!(
         ran.len(),
-        5,
-        "serve, get, observe, dashboard, proxy: {ran:?}"
+        7,
+        "serve, get, observe, dashboard, proxy, MQTT gateway, subscribe: {ran:?}"
     );
+    drop(mqtt_gateway);
     drop(server);
     let _ = std::fs::remove_dir_all(&work);
 }

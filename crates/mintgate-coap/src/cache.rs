@@ -18,9 +18,13 @@
 //! - At most `capacity` entries and `max_bytes` bytes (payloads, option
 //!   values and keys); storing into a full cache evicts the least recently
 //!   stored or refreshed entries first.
+//! - Stored payloads and option values are copies of their own: a response
+//!   whose bytes are slices of a receive buffer never pins that buffer.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use crate::wire::{decode_uint, Code, OptionNumber};
 
@@ -33,9 +37,9 @@ pub struct Response {
     /// The response code.
     pub code: Code,
     /// Options in message order.
-    pub options: Vec<(OptionNumber, Vec<u8>)>,
+    pub options: Vec<(OptionNumber, Bytes)>,
     /// The payload.
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
 }
 
 impl Response {
@@ -44,7 +48,20 @@ impl Response {
         self.options
             .iter()
             .find(|(o, _)| *o == n)
-            .map(|(_, v)| v.as_slice())
+            .map(|(_, v)| &v[..])
+    }
+
+    /// The same response in buffers of its own (exactly its bytes).
+    pub fn detached(&self) -> Response {
+        Response {
+            code: self.code,
+            options: self
+                .options
+                .iter()
+                .map(|(n, v)| (*n, Bytes::copy_from_slice(v)))
+                .collect(),
+            payload: Bytes::copy_from_slice(&self.payload),
+        }
     }
 
     /// Max-Age in seconds (60 when absent), or None when malformed.
@@ -243,7 +260,7 @@ impl Cache {
             Some(0) | None => return false,
             Some(s) => Duration::from_secs(s.into()),
         };
-        self.insert(key, resp.clone(), now, max_age);
+        self.insert(key, resp.detached(), now, max_age);
         true
     }
 
@@ -267,7 +284,8 @@ impl Cache {
         // The 2.03's Max-Age replaces the stored one.
         resp.options.retain(|(n, _)| *n != OptionNumber::MAX_AGE);
         if let Some(v) = valid.option(OptionNumber::MAX_AGE) {
-            resp.options.push((OptionNumber::MAX_AGE, v.to_vec()));
+            resp.options
+                .push((OptionNumber::MAX_AGE, Bytes::copy_from_slice(v)));
         }
         self.stats.revalidated += 1;
         if max_age.is_zero() {

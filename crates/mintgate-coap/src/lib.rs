@@ -3,6 +3,7 @@
 //! - [`wire`]: the zero-copy message view and emitter.
 //! - [`client`]: the client endpoint (CON/NON exchanges, token matching,
 //!   NSTART), driven by explicit `Instant`s.
+//! - [`link_format`]: reading RFC 6690 link-format documents.
 //! - [`uri`]: `coap://` URIs split into a destination and request options.
 //! - [`rto`]: the pluggable retransmission-timeout controllers (RFC 7252
 //!   Basic; CoCoA and Adaptive RTO implement the same trait).
@@ -13,10 +14,15 @@
 //! and `Instant`s in and take datagrams and deadlines out, so every rule can
 //! be tested in virtual time.
 
+// Input comes off the network: no panic may be reachable from it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![cfg_attr(not(test), deny(clippy::panic, clippy::unreachable))]
+
 pub mod server;
 pub mod wire;
 
 pub mod cache;
 pub mod client;
+pub mod link_format;
 pub mod rto;
 pub mod uri;

@@ -1,3 +1,5 @@
+// Parses outside input: no indexing that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 //! `coap://` URIs (RFC 7252 section 6.4): split into a destination and the
 //! Uri-Host, Uri-Path and Uri-Query options a request carries.
 //!
@@ -54,14 +56,29 @@ impl std::str::FromStr for CoapUri {
     }
 }
 
+/// The default coaps port (RFC 7252 6.2).
+pub const DEFAULT_SECURE_PORT: u16 = 5684;
+
 /// Splits a `coap://host[:port]/path?query` URI into destination and
 /// options, following the steps of RFC 7252 section 6.4.
 pub fn parse(s: &str) -> Result<CoapUri, UriError> {
+    match parse_any(s)? {
+        (u, false) => Ok(u),
+        (_, true) => bail!(
+            "unsupported scheme 'coaps' here: only coap:// (CoAP over UDP, no DTLS) is supported"
+        ),
+    }
+}
+
+/// Like [`parse`], and also takes `coaps://` (CoAP over DTLS, RFC 7252
+/// 6.2; port 5684 when absent): true for a coaps URI.
+pub fn parse_any(s: &str) -> Result<(CoapUri, bool), UriError> {
     let Some((scheme, rest)) = s.split_once("://") else {
         bail!("expected coap://host[:port]/path");
     };
-    if !scheme.eq_ignore_ascii_case("coap") {
-        bail!("unsupported scheme '{scheme}': only coap:// (CoAP over UDP, no DTLS) is supported");
+    let secure = scheme.eq_ignore_ascii_case("coaps");
+    if !secure && !scheme.eq_ignore_ascii_case("coap") {
+        bail!("unsupported scheme '{scheme}': coap:// (CoAP over UDP) or coaps:// (over DTLS)");
     }
     if rest.contains('#') {
         bail!("a CoAP URI must not have a fragment ('#...')");
@@ -117,6 +134,7 @@ pub fn parse(s: &str) -> Result<CoapUri, UriError> {
         (host, p)
     };
     let port = match port {
+        None | Some("") if secure => DEFAULT_SECURE_PORT,
         None | Some("") => DEFAULT_PORT,
         Some(p) => match p.parse::<u16>() {
             Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
@@ -153,11 +171,14 @@ pub fn parse(s: &str) -> Result<CoapUri, UriError> {
             options.push((OptionNumber::URI_QUERY, v));
         }
     }
-    Ok(CoapUri {
-        host,
-        port,
-        options,
-    })
+    Ok((
+        CoapUri {
+            host,
+            port,
+            options,
+        },
+        secure,
+    ))
 }
 
 /// Decodes `%XX` escapes.
@@ -232,10 +253,23 @@ mod tests {
     }
 
     #[test]
+    fn coaps_takes_port_5684_by_default() {
+        let (u, secure) = parse_any("coaps://127.0.0.1/request").unwrap();
+        assert!(secure);
+        assert_eq!(u.port, 5684);
+        assert_eq!(opts(&u), [(11, "request".into())]);
+        let (u, secure) = parse_any("COAP://h:7/").unwrap();
+        assert!(!secure);
+        assert_eq!(u.port, 7);
+        assert_eq!(parse_any("coaps://[::1]:9/").unwrap().0.port, 9);
+    }
+
+    #[test]
     fn rejects_bad_uris_with_reasons() {
         for (uri, why) in [
             ("http://h/", "unsupported scheme"),
-            ("coaps://h/", "unsupported scheme"),
+            ("coaps://h/", "unsupported scheme 'coaps' here"),
+            ("ftp://h/", "unsupported scheme 'ftp'"),
             ("h/path", "expected coap://"),
             ("coap:///path", "missing host"),
             ("coap://h:0/", "invalid port"),

@@ -50,10 +50,13 @@ fn io(what: &str, path: &Path, source: std::io::Error) -> DeviceError {
 /// Formats `v` as the file holds it; returns the length used in `buf`.
 pub fn format_value(v: f64, buf: &mut [u8; 40]) -> usize {
     let mut c = std::io::Cursor::new(&mut buf[..]);
+    // `{v:?}`, not `{v}`: Display writes 1e300 or 1e-300 out in full,
+    // which does not fit the buffer and was cut off; Debug switches to
+    // exponent notation (at most 24 bytes) and reads back exactly.
     let _ = if v.fract() == 0.0 && v.abs() < 1e15 {
         writeln!(c, "{}", v as i64)
     } else {
-        writeln!(c, "{v}")
+        writeln!(c, "{v:?}")
     };
     c.position() as usize
 }
@@ -212,6 +215,44 @@ mod tests {
         let d = std::env::temp_dir().join(format!("mintgate-attr-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    /// Found by the device_values fuzz target: large and tiny values were
+    /// written cut off at 40 bytes and read back as another number.
+    #[test]
+    fn any_finite_value_reads_back_exactly() {
+        for v in [
+            12.5,
+            -0.1,
+            5.888884444444445e39,
+            1e300,
+            -1.234e-300,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            3.0,
+        ] {
+            let mut buf = [0u8; 40];
+            let n = format_value(v, &mut buf);
+            assert_eq!(buf[n - 1], b'\n', "{v}: not a whole line");
+            assert_eq!(
+                parse_value(&buf[..n], Path::new("v")).unwrap().to_bits(),
+                v.to_bits()
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// What an attribute file holds: any bytes parse to a finite value
+        /// or a clear error; a value written back reads back the same.
+        #[test]
+        fn parse_value_is_total_and_round_trips(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..48), v in proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL | proptest::num::f64::ZERO) {
+            if let Ok(x) = parse_value(&bytes, Path::new("v")) {
+                proptest::prop_assert!(x.is_finite());
+            }
+            let mut buf = [0u8; 40];
+            let n = format_value(v, &mut buf);
+            proptest::prop_assert_eq!(parse_value(&buf[..n], Path::new("v")).unwrap().to_bits(), (v + 0.0).to_bits());
+        }
     }
 
     #[test]

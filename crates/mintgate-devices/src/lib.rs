@@ -20,6 +20,10 @@
 //! Nothing here knows about CoAP: the gateway turns devices into resources
 //! and plugs its Observe notifier into the hooks this crate offers.
 
+// Input comes off the network: no panic may be reachable from it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![cfg_attr(not(test), deny(clippy::panic, clippy::unreachable))]
+
 pub mod attr;
 pub mod clock;
 pub mod config;

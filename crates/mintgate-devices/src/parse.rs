@@ -1,3 +1,5 @@
+// Parses outside input: no indexing that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 //! Small parsing helpers shared by the signal, filter and link syntaxes:
 //! `name(arg, arg, ...)` calls, durations and numbers. Every function
 //! returns an error message naming what it could not read; none panics.
@@ -23,7 +25,7 @@ pub fn split_call(s: &str) -> Result<(String, Vec<String>), String> {
         return Err(format!("`{s}`: missing `)` at the end"));
     };
     let args = split_top(inner, ',')?;
-    let args = if args.len() == 1 && args[0].is_empty() {
+    let args = if matches!(args.as_slice(), [a] if a.is_empty()) {
         Vec::new()
     } else {
         args

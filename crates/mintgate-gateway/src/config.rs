@@ -66,6 +66,12 @@ pub struct Config {
     /// `[mqtt]`: the MQTT bridges (off unless `enabled`); see
     /// [`crate::bridge`].
     pub mqtt: MqttSection,
+    /// `[coaps]`: CoAP over DTLS listeners (off while `bind` is empty); see
+    /// [`crate::dtls`].
+    pub coaps: crate::dtls::CoapsSection,
+    /// `[access]`: who may write (PUT, POST, DELETE) to resources and
+    /// links; see [`crate::access`].
+    pub access: crate::access::AccessSection,
 }
 
 /// `[mqtt]`: the bridges between devices, direct-path links, observed CoAP
@@ -659,7 +665,10 @@ pub struct CoapConfig {
 impl Default for CoapConfig {
     fn default() -> Self {
         CoapConfig {
-            bind: vec!["[::]:5683".parse().expect("literal")],
+            bind: vec![std::net::SocketAddr::from((
+                std::net::Ipv6Addr::UNSPECIFIED,
+                5683,
+            ))],
             max_datagram: 1280,
             separate_response_after_ms: 1000,
             dedup_capacity: 16384,
@@ -688,6 +697,10 @@ pub struct PipelineConfig {
     /// HTP queue bound in bytes (datagram blocks held); 0 = 1 % of RAM,
     /// clamped to 256 KiB..8 MiB.
     pub queue_bytes: usize,
+    /// Share of the HTP queue one source may hold (an IPv4 address or an
+    /// IPv6 /64), 0 < share <= 1; beyond it its requests are shed like on a
+    /// full queue and counted as `peer_limit`. 1 = no per-source limit.
+    pub peer_queue_share: f64,
     /// How the Handler Thread Pool is sized: `"vta"` (the controller resizes
     /// it every second from the Observer's samples), `"fixed:N"` or
     /// `"fixed"` (= `threads`).
@@ -713,6 +726,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             queue_bytes: 0,
+            peer_queue_share: 0.5,
             pool: PoolMode::Vta,
             threads: 0,
             receive_batch: 32,
@@ -798,6 +812,7 @@ impl Config {
         if self.coap.bind.is_empty() {
             return v("coap.bind", "at least one address is needed".into());
         }
+        self.coaps.settings()?;
         if !(64..=65507).contains(&self.coap.max_datagram) {
             return v(
                 "coap.max_datagram",
@@ -873,6 +888,13 @@ impl Config {
                 "block1_timeout_s and block1_per_peer must be positive".into(),
             );
         }
+        let share = self.pipeline.peer_queue_share;
+        if !(share > 0.0 && share <= 1.0) {
+            return v(
+                "pipeline.peer_queue_share",
+                format!("{share} is outside (0, 1]"),
+            );
+        }
         if self.vta.n == 0
             || self.vta.max_threads == 0
             || self.vta.w_s.is_nan()
@@ -881,6 +903,7 @@ impl Config {
             return v("vta", "n, max_threads and w_s must be positive".into());
         }
         self.mqtt.validate(&self.devices.list)?;
+        self.access.validate()?;
         Ok(())
     }
 

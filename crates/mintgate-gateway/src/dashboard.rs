@@ -118,6 +118,7 @@ pub fn state_json(gw: &GatewayHandle) -> Value {
                 "handled": c.htp_handled.load(Relaxed),
                 "dropped_non": c.nr_dropped.load(Relaxed),
                 "rejected_con": c.nr_rejected.load(Relaxed),
+                "peer_limited": c.nr_peer_limited.load(Relaxed),
                 "shed": c.htp_shed.load(Relaxed),
                 "malformed": c.nr_malformed.load(Relaxed),
                 "duplicates": c.nr_duplicates.load(Relaxed),
@@ -205,6 +206,16 @@ mod tests {
         client
             .set_read_timeout(Some(Duration::from_secs(2)))
             .unwrap();
+        // the Observer's samples count from its first tick: send only once
+        // there is one, so every request falls into a sample
+        let end = Instant::now() + Duration::from_secs(5);
+        while state_json(&gw.handle())["pipeline"]["samples"]
+            .as_array()
+            .is_none_or(|a| a.is_empty())
+        {
+            assert!(Instant::now() < end, "the Observer took no sample");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         for mid in 0..10u16 {
             let mut req = vec![0x50, 0x01];
             req.extend_from_slice(&mid.to_be_bytes());

@@ -2,10 +2,16 @@
 //! the built-in resources, devices served as resources, the client side of
 //! Observe and the MQTT bridges.
 
+// Input comes off the network: no panic may be reachable from it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![cfg_attr(not(test), deny(clippy::panic, clippy::unreachable))]
+
+pub mod access;
 pub mod bridge;
 pub mod config;
 pub mod dashboard;
 pub mod devices;
+pub mod dtls;
 pub mod metrics;
 pub mod observe;
 pub mod observe_client;
@@ -13,6 +19,7 @@ pub mod outbound;
 pub mod pipeline;
 pub mod queue;
 pub mod resources;
+pub mod state;
 pub mod udp;
 
 pub use config::Config;

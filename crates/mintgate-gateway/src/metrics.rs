@@ -216,6 +216,11 @@ pub fn render_prometheus(gw: &GatewayHandle) -> String {
     )
     .value(
         "mintgate_dropped_total",
+        &[("reason", "peer_limit")],
+        get(&c.nr_peer_limited),
+    )
+    .value(
+        "mintgate_dropped_total",
         &[("reason", "pool_exhausted")],
         get(&c.htp_shed),
     );

@@ -11,6 +11,9 @@
 //! cacheable answer is stored. A PUT, POST or DELETE drops what is stored
 //! for a GET of the same resource.
 //!
+//! Over coaps ([`Outbound::new_dtls`]) the same client runs inside one DTLS
+//! session with its destination (mintgate-dtls on OpenSSL).
+//!
 //! Blocking and single-threaded: one request at a time, each bounded by its
 //! deadline.
 
@@ -18,11 +21,14 @@ use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use mintgate_coap::cache::{self, Cache, CacheKey, Lookup};
 use mintgate_coap::client::blockwise::{BlockConfig, BlockError, Response, Step, Transfer};
 use mintgate_coap::client::{Client, ClientConfig, Event, Request, RequestError};
 use mintgate_coap::rto::RtoController;
 use mintgate_coap::wire::{encode_uint, Code, MessageType, OptionNumber};
+use mintgate_dtls::{ClientSettings, DtlsClient, DtlsError};
 
 /// Where an answer came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +74,9 @@ pub enum OutboundError {
     /// A socket error.
     #[error("socket error: {0}")]
     Io(#[from] io::Error),
+    /// The DTLS session (coaps) failed: handshake, keys, certificates.
+    #[error(transparent)]
+    Dtls(#[from] DtlsError),
 }
 
 /// Counters of an [`Outbound`].
@@ -87,6 +96,9 @@ pub struct OutboundStats {
 pub struct Outbound {
     socket: UdpSocket,
     connected: Option<SocketAddr>,
+    /// coaps: the DTLS session to the one destination it was made for
+    /// (it owns its own socket; `socket` is then unused).
+    dtls: Option<(SocketAddr, DtlsClient)>,
     client: Client,
     block: BlockConfig,
     cache: Option<Cache>,
@@ -112,12 +124,43 @@ impl Outbound {
         Ok(Outbound {
             socket: UdpSocket::bind(bind)?,
             connected: None,
+            dtls: None,
             client: Client::new(config, rto, seed),
             block,
             cache: None,
             stats: OutboundStats::default(),
             buf: vec![0u8; 65536],
         })
+    }
+
+    /// A coaps client: a DTLS session with `dest` (handshake done by
+    /// `deadline`), every request to `dest` going through it. Requests to
+    /// any other destination fail.
+    pub fn new_dtls(
+        dest: SocketAddr,
+        settings: ClientSettings,
+        deadline: Instant,
+        config: ClientConfig,
+        rto: Box<dyn RtoController>,
+        seed: u64,
+        block: BlockConfig,
+    ) -> Result<Outbound, OutboundError> {
+        let mut out = Outbound::new(dest.is_ipv6(), config, rto, seed, block)?;
+        let sock = out.socket.try_clone()?;
+        sock.connect(dest)?;
+        let client = match DtlsClient::connect(sock, settings, deadline) {
+            Err(DtlsError::Io(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err(OutboundError::Unreachable)
+            }
+            r => r?,
+        };
+        out.dtls = Some((dest, client));
+        Ok(out)
+    }
+
+    /// The negotiated DTLS cipher suite of a coaps client.
+    pub fn dtls_cipher(&self) -> Option<&'static str> {
+        self.dtls.as_ref().and_then(|(_, c)| c.cipher())
     }
 
     /// Puts `cache` in front of the network.
@@ -236,16 +279,35 @@ impl Outbound {
         req: Request,
         deadline: Instant,
     ) -> Result<Response, OutboundError> {
-        if self.connected != Some(dest) {
-            // connected, so that an ICMP port unreachable is reported
-            self.socket.connect(dest)?;
-            self.connected = Some(dest);
+        match &self.dtls {
+            Some((d, _)) if *d != dest => {
+                return Err(OutboundError::Io(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("this coaps client has a DTLS session with {d}, not {dest}"),
+                )))
+            }
+            Some(_) => {}
+            None if self.connected != Some(dest) => {
+                // connected, so that an ICMP port unreachable is reported
+                self.socket.connect(dest)?;
+                self.connected = Some(dest);
+            }
+            None => {}
         }
         let (mut t, first) = Transfer::new(req, self.block);
         self.client.request(Instant::now(), dest, first)?;
         self.stats.exchanges += 1;
         loop {
             while let Some(tx) = self.client.poll_transmit(Instant::now()) {
+                if let Some((_, c)) = self.dtls.as_mut() {
+                    match c.send(&tx.bytes) {
+                        Err(DtlsError::Io(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                            return Err(OutboundError::Unreachable)
+                        }
+                        r => r?,
+                    }
+                    continue;
+                }
                 match self.socket.send(&tx.bytes) {
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
@@ -281,6 +343,20 @@ impl Outbound {
             let wait = wake
                 .saturating_duration_since(now)
                 .max(Duration::from_millis(1));
+            if let Some((_, c)) = self.dtls.as_mut() {
+                match c.recv(&mut self.buf, wait) {
+                    Ok(Some(n)) => {
+                        self.client
+                            .handle_datagram(Instant::now(), dest, &self.buf[..n])
+                    }
+                    Ok(None) => self.client.handle_timeout(Instant::now()),
+                    Err(DtlsError::Io(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        return Err(OutboundError::Unreachable)
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                continue;
+            }
             self.socket.set_read_timeout(Some(wait))?;
             match self.socket.recv(&mut self.buf) {
                 Ok(n) => self
@@ -312,7 +388,7 @@ fn from_cache(r: cache::Response, age: u32) -> Response {
     options.retain(|(n, _)| *n != OptionNumber::MAX_AGE);
     options.push((
         OptionNumber::MAX_AGE,
-        encode_uint(left, &mut [0; 4]).to_vec(),
+        Bytes::copy_from_slice(encode_uint(left, &mut [0; 4])),
     ));
     options.sort_by_key(|(n, _)| *n);
     Response {

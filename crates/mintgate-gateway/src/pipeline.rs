@@ -25,7 +25,7 @@ use mintgate_buf::{BlockMut, Layer, Pool};
 use mintgate_coap::server::{
     classify, finish_response, process_request, process_request_blockwise, simple_response, Answer,
     Block1Stats, Block1Store, Dedup, DropReason, Handled, Inbound, Outgoing, PathTaken, Request,
-    ResetReason, Resource, Router, Seen,
+    ResetReason, Resource, ResponseBuilder, Router, Seen,
 };
 use mintgate_coap::wire::{empty_message, Code, MessageType, Packet};
 use mintgate_sched::{
@@ -35,8 +35,9 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::{Config, PoolMode};
 use crate::observe::{Notifier, ObserveState};
-use crate::queue::{HtpQueue, Job};
+use crate::queue::{HtpQueue, Job, Shed};
 use crate::udp::{self, RecvBatch, SendBatch};
+use mintgate_dtls::DtlsServer;
 
 /// Most HTP threads the pool may have.
 pub const MAX_HTP_THREADS: usize = 256;
@@ -64,6 +65,9 @@ pub enum StartError {
     /// The configuration is not valid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// The coaps keys or certificates cannot be used.
+    #[error("coaps: {0}")]
+    Dtls(mintgate_dtls::DtlsError),
 }
 
 /// A CON request being handled, per handler thread.
@@ -90,6 +94,8 @@ struct Shared {
     pool: Pool,
     router: RwLock<Arc<Router>>,
     listeners: Vec<UdpSocket>,
+    /// Per listener: its DTLS sessions when it serves coaps.
+    dtls: Vec<Option<Arc<DtlsServer>>>,
     queue: HtpQueue,
     counters: Arc<PipelineCounters>,
     dedup: Vec<Mutex<Dedup<Outgoing>>>,
@@ -111,6 +117,8 @@ struct Shared {
     state_sources: RwLock<Vec<(String, StateSource)>>,
     /// When the gateway started (uptime on the dashboard).
     started: Instant,
+    /// Who may write (`[access]`).
+    access: crate::access::AccessPolicy,
 }
 
 /// Writes metric families in the Prometheus text format.
@@ -161,10 +169,18 @@ impl Gateway {
     /// Binds the listeners and starts the threads.
     pub fn start(cfg: Config, router: Router) -> Result<Gateway, StartError> {
         cfg.validate()?;
+        // plain CoAP listeners first, then the coaps ones
+        let coaps = cfg.coaps.settings()?;
+        let mut dtls: Vec<Option<Arc<DtlsServer>>> = vec![None; cfg.coap.bind.len()];
+        for _ in &cfg.coaps.bind {
+            let server = DtlsServer::new(coaps.clone()).map_err(StartError::Dtls)?;
+            dtls.push(Some(Arc::new(server)));
+        }
         let listeners = cfg
             .coap
             .bind
             .iter()
+            .chain(cfg.coaps.bind.iter())
             .map(|a| {
                 udp::bind(*a, cfg.coap.socket_recv_buffer, cfg.coap.socket_send_buffer)
                     .map_err(|source| StartError::Bind { addr: *a, source })
@@ -180,8 +196,10 @@ impl Gateway {
             pool: Pool::new(&cfg.partitions()),
             router: RwLock::new(Arc::new(router)),
             listeners,
+            dtls,
             queue: HtpQueue::new(cfg.queue_bytes(), counters.clone())
-                .with_spin(Duration::from_micros(cfg.pipeline.spin_us)),
+                .with_spin(Duration::from_micros(cfg.pipeline.spin_us))
+                .with_peer_share(cfg.pipeline.peer_queue_share),
             counters: counters.clone(),
             dedup: (0..DEDUP_SHARDS)
                 .map(|_| Mutex::new(Dedup::new(shard_cap, lifetimes.0, lifetimes.1)))
@@ -196,6 +214,7 @@ impl Gateway {
             metrics_sources: RwLock::new(Vec::new()),
             state_sources: RwLock::new(Vec::new()),
             started: Instant::now(),
+            access: crate::access::AccessPolicy::new(cfg.access.clone()),
             cfg,
         });
         {
@@ -304,6 +323,25 @@ impl Gateway {
     /// The pipeline counters.
     pub fn counters(&self) -> &Arc<PipelineCounters> {
         &self.shared.counters
+    }
+
+    /// The DTLS session tables of the coaps listeners, in `coaps.bind`
+    /// order (their addresses follow the plain ones in [`local_addrs`]).
+    ///
+    /// [`local_addrs`]: Gateway::local_addrs
+    pub fn dtls_servers(&self) -> Vec<Arc<DtlsServer>> {
+        self.shared.dtls.iter().flatten().cloned().collect()
+    }
+
+    /// The bound coaps listener addresses.
+    pub fn coaps_addrs(&self) -> Vec<SocketAddr> {
+        self.shared
+            .listeners
+            .iter()
+            .zip(&self.shared.dtls)
+            .filter(|(_, d)| d.is_some())
+            .filter_map(|(s, _)| s.local_addr().ok())
+            .collect()
     }
 
     /// The Performance Observer's samples, oldest first.
@@ -495,6 +533,15 @@ impl GatewayHandle {
             (b.stats(), b.len(), b.bytes())
         };
         render_block1_metrics(&stats, held, bytes, out);
+        let dtls: Vec<&mintgate_dtls::DtlsStats> = self
+            .shared
+            .dtls
+            .iter()
+            .flatten()
+            .map(|d| &**d.stats())
+            .collect();
+        crate::dtls::render_metrics(&dtls, out);
+        self.shared.access.render_metrics(out);
         for f in self.shared.metrics_sources.read().iter() {
             f(out);
         }
@@ -504,6 +551,11 @@ impl GatewayHandle {
     pub fn state_sections(&self) -> Vec<(String, serde_json::Value)> {
         let sources: Vec<(String, StateSource)> = self.shared.state_sources.read().clone();
         sources.into_iter().map(|(n, f)| (n, f())).collect()
+    }
+
+    /// The write policy (`[access]`) and its refusal counters.
+    pub fn access(&self) -> &crate::access::AccessPolicy {
+        &self.shared.access
     }
 
     /// Time since the gateway started.
@@ -543,9 +595,11 @@ struct Receiver {
     blocks: Vec<BlockMut>,
     got: Vec<udp::Received>,
     jobs: Vec<Job>,
-    rejected: Vec<Job>,
+    rejected: Vec<(Job, Shed)>,
     sb: SendBatch,
     scratch: Vec<u8>,
+    /// coaps: decrypted datagrams of the batch, with sender and identity.
+    plain: Vec<(BlockMut, SocketAddr, Option<Arc<str>>)>,
 }
 
 impl Receiver {
@@ -558,8 +612,17 @@ impl Receiver {
             got: Vec::with_capacity(batch),
             jobs: Vec::with_capacity(batch),
             rejected: Vec::with_capacity(batch),
-            sb: SendBatch::new(batch),
-            scratch: vec![0u8; sh.cfg.coap.max_datagram],
+            sb: SendBatch::new(batch).with_dtls(sh.dtls[li].clone()),
+            plain: Vec::with_capacity(batch),
+            // a coaps listener decrypts into it: room for the largest record
+            scratch: vec![
+                0u8;
+                if sh.dtls[li].is_some() {
+                    sh.cfg.coap.max_datagram.max(16 * 1024 + 256)
+                } else {
+                    sh.cfg.coap.max_datagram
+                }
+            ],
         }
     }
 
@@ -630,16 +693,99 @@ impl Receiver {
     }
 
     fn process(&mut self, sh: &Shared, n: usize) {
-        let sock = &sh.listeners[self.li];
         let c = &sh.counters;
         let now = Instant::now();
         c.nr_datagrams.fetch_add(n as u64, Relaxed);
-        for (block, info) in self.blocks.drain(..n).zip(self.got.drain(..)) {
-            block.count_alloc(Layer::Receive);
-            if info.truncated {
-                c.nr_ignored.fetch_add(1, Relaxed);
-                continue;
+        let mut blocks = std::mem::take(&mut self.blocks);
+        let mut got = std::mem::take(&mut self.got);
+        match sh.dtls[self.li].clone() {
+            None => {
+                for (block, info) in blocks.drain(..n).zip(got.drain(..)) {
+                    block.count_alloc(Layer::Receive);
+                    if info.truncated {
+                        c.nr_ignored.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                    self.one(sh, now, block, info.peer, None);
+                }
             }
+            Some(dtls) => {
+                // records in, CoAP datagrams out: each decrypted datagram
+                // gets a block of its own and goes the same way as a plain one
+                let sock = &sh.listeners[self.li];
+                let max_dgram = sh.cfg.coap.max_datagram;
+                let mut plain = std::mem::take(&mut self.plain);
+                for (block, info) in blocks.drain(..n).zip(got.drain(..)) {
+                    if info.truncated {
+                        c.nr_ignored.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                    dtls.handle_datagram(
+                        now,
+                        info.peer,
+                        block.as_slice(),
+                        &mut self.scratch,
+                        &mut |pt, id| {
+                            if pt.len() > max_dgram {
+                                c.nr_ignored.fetch_add(1, Relaxed);
+                                return;
+                            }
+                            match sh.pool.alloc_uncounted(max_dgram, 0) {
+                                Ok(mut b) => {
+                                    b.whole_block_mut()[..pt.len()].copy_from_slice(pt);
+                                    b.set_data(0..pt.len());
+                                    b.count_alloc(Layer::Receive);
+                                    plain.push((b, info.peer, id.cloned()));
+                                }
+                                Err(_) => {
+                                    c.nr_dropped.fetch_add(1, Relaxed);
+                                }
+                            }
+                        },
+                        &mut |rec| {
+                            if sock.send_to(rec, info.peer).is_ok() {
+                                c.sh_sent.fetch_add(1, Relaxed);
+                            }
+                        },
+                    );
+                }
+                for (block, peer, id) in plain.drain(..) {
+                    self.one(sh, now, block, peer, id);
+                }
+                self.plain = plain;
+            }
+        }
+        self.blocks = blocks;
+        self.got = got;
+        let sock = &sh.listeners[self.li];
+        sh.queue.push_batch(&mut self.jobs, &mut self.rejected);
+        for (job, why) in self.rejected.drain(..) {
+            shed_at_queue(sh, &mut self.sb, sock, job, why);
+        }
+        let (sent, failed) = self.sb.flush(sock);
+        c.sh_sent.fetch_add(sent as u64, Relaxed);
+        c.sh_errors.fetch_add(failed as u64, Relaxed);
+    }
+
+    /// Classifies and de-duplicates one CoAP datagram; a new request goes
+    /// to `self.jobs`.
+    fn one(
+        &mut self,
+        sh: &Shared,
+        now: Instant,
+        block: BlockMut,
+        peer: SocketAddr,
+        identity: Option<Arc<str>>,
+    ) {
+        let sock = &sh.listeners[self.li];
+        let dtls = sh.dtls[self.li].as_deref();
+        let c = &sh.counters;
+        let info = udp::Received {
+            peer,
+            len: block.len(),
+            truncated: false,
+        };
+        {
             let kind = match classify(block.as_slice()) {
                 Inbound::Request(p) => Kind::Request {
                     con: p.msg_type() == MessageType::Con,
@@ -652,7 +798,7 @@ impl Receiver {
                             c.nr_ignored.fetch_add(1, Relaxed)
                         }
                     };
-                    if udp::send_small(sock, info.peer, &rst).is_ok() {
+                    if udp::send_small(sock, dtls, info.peer, &rst).is_ok() {
                         c.sh_sent.fetch_add(1, Relaxed);
                     }
                     Kind::Done
@@ -686,7 +832,7 @@ impl Receiver {
                 }
             };
             let Kind::Request { con, mid } = kind else {
-                continue;
+                return;
             };
             let mut shard = sh.dedup_shard(&info.peer, mid).lock();
             match shard.check(now, info.peer, mid, con) {
@@ -697,6 +843,7 @@ impl Receiver {
                         block,
                         listener: self.li,
                         received: now,
+                        identity,
                     });
                 }
                 Seen::Replay(o) => {
@@ -710,13 +857,6 @@ impl Receiver {
                 }
             }
         }
-        sh.queue.push_batch(&mut self.jobs, &mut self.rejected);
-        for job in self.rejected.drain(..) {
-            shed_at_queue(sh, &mut self.sb, sock, job);
-        }
-        let (sent, failed) = self.sb.flush(sock);
-        c.sh_sent.fetch_add(sent as u64, Relaxed);
-        c.sh_errors.fetch_add(failed as u64, Relaxed);
     }
 }
 
@@ -739,18 +879,24 @@ fn receive_loop(sh: &Shared, li: usize) {
     }
 }
 
-/// The queue is full: a NON is dropped, a CON gets 5.03 with Max-Age.
-fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, sock: &UdpSocket, job: Job) {
+/// The queue is full, in all or for the request's source: a NON is
+/// dropped, a CON gets 5.03 with Max-Age.
+fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, sock: &UdpSocket, job: Job, why: Shed) {
     let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
         return;
     };
     let mid = p.message_id();
-    if p.msg_type() != MessageType::Con {
+    let con = p.msg_type() == MessageType::Con;
+    match (why, con) {
+        (Shed::PeerLimit, _) => &sh.counters.nr_peer_limited,
+        (Shed::QueueFull, false) => &sh.counters.nr_dropped,
+        (Shed::QueueFull, true) => &sh.counters.nr_rejected,
+    }
+    .fetch_add(1, Relaxed);
+    if !con {
         sh.dedup_shard(&job.peer, mid).lock().forget(job.peer, mid);
-        sh.counters.nr_dropped.fetch_add(1, Relaxed);
         return;
     }
-    sh.counters.nr_rejected.fetch_add(1, Relaxed);
     let max_age = Some(sh.cfg.coap.overload_max_age_s);
     match simple_response(
         &sh.pool,
@@ -774,14 +920,20 @@ fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, sock: &UdpSocket, job: Job) {
     }
 }
 
+/// One send batch per listener, encrypting on the coaps ones.
+fn send_batches(sh: &Shared) -> Vec<SendBatch> {
+    sh.dtls
+        .iter()
+        .map(|d| SendBatch::new(sh.cfg.pipeline.send_batch).with_dtls(d.clone()))
+        .collect()
+}
+
 /// One HTP thread: take a batch, handle each request, send the batch.
 fn handler_loop(sh: &Shared, w: &Worker) {
     let c = &sh.counters;
     let hb = sh.cfg.pipeline.handler_batch;
     let mut jobs: Vec<Job> = Vec::with_capacity(hb);
-    let mut sbs: Vec<SendBatch> = (0..sh.listeners.len())
-        .map(|_| SendBatch::new(sh.cfg.pipeline.send_batch))
-        .collect();
+    let mut sbs = send_batches(sh);
     let slot = &sh.inflight[w.index().min(MAX_HTP_THREADS - 1)];
     let max_payload = sh.cfg.coap.max_payload;
     let mut receivers: Vec<Receiver> = (0..sh.listeners.len())
@@ -820,18 +972,28 @@ fn handler_loop(sh: &Shared, w: &Worker) {
             let req = Request {
                 peer: job.peer,
                 packet: &p,
+                identity: job.identity.as_deref(),
             };
             // the receive time stands for "now": block transfers time out
             // in seconds, and no clock is read per request
-            let mut handled = process_request_blockwise(
-                &router,
-                &sh.pool,
-                &sh.blocks,
-                job.received,
-                &req,
-                64,
-                max_payload,
-            );
+            // writes are checked against [access]; the identity is the
+            // peer's DTLS identity for requests that came over coaps
+            let mut handled = match sh.access.check(&req, req.identity) {
+                Ok(()) => process_request_blockwise(
+                    &router,
+                    &sh.pool,
+                    &sh.blocks,
+                    job.received,
+                    &req,
+                    64,
+                    max_payload,
+                ),
+                Err(why) => {
+                    let mut rb = ResponseBuilder::in_pool(&sh.pool, 64).with_limit(max_payload);
+                    sh.access.answer(why, &mut rb);
+                    Handled::Respond(rb)
+                }
+            };
             if let Handled::Respond(rb) = &mut handled {
                 observe_on_request(sh, &router, &req, job.listener, rb);
             }
@@ -903,7 +1065,8 @@ fn timer_loop(sh: &Shared) {
             if let Some(f) = g.as_mut() {
                 if !f.acked && now.duration_since(f.since) >= sh.separate_after {
                     let ack = empty_message(MessageType::Ack, f.mid);
-                    if udp::send_small(&sh.listeners[f.listener], f.peer, &ack).is_ok() {
+                    let d = sh.dtls[f.listener].as_deref();
+                    if udp::send_small(&sh.listeners[f.listener], d, f.peer, &ack).is_ok() {
                         sh.counters.sh_sent.fetch_add(1, Relaxed);
                     }
                     f.acked = true;
@@ -914,6 +1077,15 @@ fn timer_loop(sh: &Shared) {
             let mut b = sh.blocks.lock().unwrap_or_else(|e| e.into_inner());
             if !b.is_empty() {
                 b.expire(now);
+            }
+        }
+        // coaps: handshake retransmissions, idle and stalled sessions
+        for (li, d) in sh.dtls.iter().enumerate() {
+            if let Some(d) = d {
+                let sock = &sh.listeners[li];
+                d.sweep(now, &mut |peer, rec| {
+                    let _ = sock.send_to(rec, peer);
+                });
             }
         }
         let mut sep = sh.separate.lock();
@@ -934,7 +1106,7 @@ fn timer_loop(sh: &Shared) {
                 }
                 return false;
             }
-            let mut sb = SendBatch::new(1);
+            let mut sb = SendBatch::new(1).with_dtls(sh.dtls[p.listener].clone());
             sb.push(&sh.listeners[p.listener], *peer, p.msg.clone());
             let (s, _) = sb.flush(&sh.listeners[p.listener]);
             sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
@@ -1006,9 +1178,7 @@ fn observe_on_request(
 /// The `coap-notify` thread: renders and sends notifications for the
 /// resources marked changed.
 fn notify_loop(sh: &Shared) {
-    let mut sbs: Vec<SendBatch> = (0..sh.listeners.len())
-        .map(|_| SendBatch::new(sh.cfg.pipeline.send_batch))
-        .collect();
+    let mut sbs = send_batches(sh);
     while !sh.stop.load(Relaxed) {
         let paths = sh.observe.take_dirty(Duration::from_millis(100));
         if paths.is_empty() {
@@ -1058,9 +1228,12 @@ fn notify_path(sh: &Shared, router: &Router, path: &str, sbs: &mut [SendBatch]) 
         let Ok(p) = Packet::new_checked(&dg[..len]) else {
             continue;
         };
+        // the identity is not kept with the registration: notifications
+        // render the resource's GET as for a plain request
         let req = Request {
             peer: n.peer,
             packet: &p,
+            identity: None,
         };
         let Handled::Respond(mut rb) =
             process_request(router, &sh.pool, &req, 64, sh.cfg.coap.max_payload)

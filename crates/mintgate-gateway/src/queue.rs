@@ -1,7 +1,9 @@
-//! The HTP queue: requests waiting for a handler thread, bounded in bytes.
+//! The HTP queue: requests waiting for a handler thread, bounded in bytes
+//! in all and per source (so that one flooding client cannot take the whole
+//! queue and starve the others).
 
-use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +22,8 @@ pub struct Job {
     pub listener: usize,
     /// When the Network Receiver read it.
     pub received: Instant,
+    /// The sender's DTLS identity (coaps listeners only).
+    pub identity: Option<Arc<str>>,
 }
 
 impl Job {
@@ -29,9 +33,37 @@ impl Job {
     }
 }
 
+/// Why [`HtpQueue::push_batch`] refused a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shed {
+    /// The queue holds `max_bytes` already.
+    QueueFull,
+    /// The job's source holds its share of the queue already.
+    PeerLimit,
+}
+
+/// The source a per-peer share is kept for: the IPv4 address, or the /64
+/// prefix of an IPv6 address (one host usually owns a whole /64, so
+/// counting single IPv6 addresses would let it take any share it likes).
+/// IPv4-mapped IPv6 addresses count as their IPv4 address.
+pub fn peer_key(peer: &SocketAddr) -> IpAddr {
+    match peer.ip().to_canonical() {
+        IpAddr::V6(a) => IpAddr::V6((u128::from(a) & !((1u128 << 64) - 1)).into()),
+        v4 => v4,
+    }
+}
+
 struct State {
+    /// Requests of sources holding little of the queue: served first.
     jobs: VecDeque<Job>,
+    /// Requests of sources holding more than [`HtpQueue::light_bytes`]:
+    /// served when `jobs` is empty, so that a flood queued ahead does not
+    /// delay everyone else's requests (with per-source limits only).
+    bulk: VecDeque<Job>,
     bytes: usize,
+    /// Bytes queued per source; a source with nothing queued has no entry,
+    /// so the table never holds more entries than the queue holds jobs.
+    peers: HashMap<IpAddr, usize>,
 }
 
 /// A FIFO of [`Job`]s holding at most `max_bytes` of blocks.
@@ -42,6 +74,11 @@ pub struct HtpQueue {
     state: Mutex<State>,
     ready: Condvar,
     max_bytes: usize,
+    /// Bytes one source may hold (`max_bytes` when unlimited).
+    peer_max_bytes: usize,
+    /// Bytes a source may hold and still have its requests go ahead of
+    /// heavier sources' (1/64 of the bound).
+    light_bytes: usize,
     counters: Arc<PipelineCounters>,
     /// Jobs queued, readable without the lock (for spinning consumers).
     len_hint: AtomicUsize,
@@ -54,10 +91,14 @@ impl HtpQueue {
         HtpQueue {
             state: Mutex::new(State {
                 jobs: VecDeque::with_capacity(1024),
+                bulk: VecDeque::new(),
                 bytes: 0,
+                peers: HashMap::new(),
             }),
             ready: Condvar::new(),
             max_bytes,
+            peer_max_bytes: max_bytes,
+            light_bytes: (max_bytes / 64).max(1),
             counters,
             len_hint: AtomicUsize::new(0),
             spin: Duration::ZERO,
@@ -72,34 +113,75 @@ impl HtpQueue {
         self
     }
 
+    /// Lets one source (see [`peer_key`]) hold at most `share` (0 < share
+    /// <= 1) of the bound; 1 puts no per-source limit. With a limit, the
+    /// requests of a source holding more than 1/64 of the bound wait behind
+    /// those of lighter sources.
+    pub fn with_peer_share(mut self, share: f64) -> HtpQueue {
+        let share = if share.is_finite() {
+            share.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        self.peer_max_bytes = ((self.max_bytes as f64 * share) as usize).max(1);
+        self
+    }
+
     /// The bound in bytes.
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
     }
 
+    /// The bound per source in bytes.
+    pub fn peer_max_bytes(&self) -> usize {
+        self.peer_max_bytes
+    }
+
+    /// Sources with requests queued now.
+    pub fn peers(&self) -> usize {
+        self.state.lock().peers.len()
+    }
+
     /// Moves every job of `batch` that fits onto the queue (counting them as
-    /// accepted requests, the paper's R); jobs that do not fit are moved to
-    /// `rejected` in order.
-    pub fn push_batch(&self, batch: &mut Vec<Job>, rejected: &mut Vec<Job>) {
+    /// accepted requests, the paper's R); jobs that do not fit, in all or in
+    /// their source's share, are moved to `rejected` in order, with why.
+    pub fn push_batch(&self, batch: &mut Vec<Job>, rejected: &mut Vec<(Job, Shed)>) {
         if batch.is_empty() {
             return;
         }
+        let limited = self.peer_max_bytes < self.max_bytes;
         let mut st = self.state.lock();
         let mut pushed = 0;
         for job in batch.drain(..) {
             let c = job.cost();
             if st.bytes + c > self.max_bytes {
-                rejected.push(job);
-            } else {
-                st.bytes += c;
-                st.jobs.push_back(job);
-                pushed += 1;
+                rejected.push((job, Shed::QueueFull));
+                continue;
             }
+            let mut heavy = false;
+            if limited {
+                let key = peer_key(&job.peer);
+                let held = st.peers.get(&key).copied().unwrap_or(0);
+                if held + c > self.peer_max_bytes {
+                    rejected.push((job, Shed::PeerLimit));
+                    continue;
+                }
+                st.peers.insert(key, held + c);
+                heavy = held + c > self.light_bytes;
+            }
+            st.bytes += c;
+            if heavy {
+                st.bulk.push_back(job);
+            } else {
+                st.jobs.push_back(job);
+            }
+            pushed += 1;
         }
+        let queued = st.jobs.len() + st.bulk.len();
         // R is counted before any handler can see the jobs, so H never leads R
         self.counters.nr_requests.fetch_add(pushed as u64, Relaxed);
-        self.len_hint.store(st.jobs.len(), Relaxed);
-        self.counters.queue_len.store(st.jobs.len() as u64, Relaxed);
+        self.len_hint.store(queued, Relaxed);
+        self.counters.queue_len.store(queued as u64, Relaxed);
         self.counters.queue_bytes.store(st.bytes as u64, Relaxed);
         drop(st);
         // Wake one consumer; it wakes the next if it leaves work behind
@@ -123,17 +205,34 @@ impl HtpQueue {
             }
         }
         let mut st = self.state.lock();
-        if st.jobs.is_empty() {
+        if st.jobs.is_empty() && st.bulk.is_empty() {
             self.ready.wait_for(&mut st, wait);
         }
-        let fair = st.jobs.len().div_ceil(share.max(1));
-        let n = st.jobs.len().min(max).min(fair.max(1));
+        let queued = st.jobs.len() + st.bulk.len();
+        let fair = queued.div_ceil(share.max(1));
+        let n = queued.min(max).min(fair.max(1));
         let state = &mut *st;
-        for job in state.jobs.drain(..n) {
-            state.bytes -= job.cost();
+        let limited = self.peer_max_bytes < self.max_bytes;
+        let light = n.min(state.jobs.len());
+        let taken = state
+            .jobs
+            .drain(..light)
+            .chain(state.bulk.drain(..n - light));
+        for job in taken {
+            let c = job.cost();
+            state.bytes -= c;
+            if limited {
+                let key = peer_key(&job.peer);
+                if let Some(held) = state.peers.get_mut(&key) {
+                    *held = held.saturating_sub(c);
+                    if *held == 0 {
+                        state.peers.remove(&key);
+                    }
+                }
+            }
             out.push(job);
         }
-        let left = state.jobs.len();
+        let left = state.jobs.len() + state.bulk.len();
         self.len_hint.store(left, Relaxed);
         self.counters.queue_len.store(left as u64, Relaxed);
         self.counters.queue_bytes.store(state.bytes as u64, Relaxed);
@@ -156,7 +255,8 @@ impl HtpQueue {
 
     /// Jobs queued now.
     pub fn len(&self) -> usize {
-        self.state.lock().jobs.len()
+        let st = self.state.lock();
+        st.jobs.len() + st.bulk.len()
     }
 
     /// Nothing queued.
@@ -185,14 +285,17 @@ mod tests {
                 block: pool.alloc(Layer::Receive, 1, 0).unwrap(),
                 listener: i,
                 received: Instant::now(),
+                identity: None,
             })
             .collect();
         let mut rej = Vec::new();
         q.push_batch(&mut batch, &mut rej);
         assert_eq!(q.len(), 3);
         assert_eq!(
-            rej.iter().map(|j| j.listener).collect::<Vec<_>>(),
-            vec![3, 4]
+            rej.iter()
+                .map(|(j, why)| (j.listener, *why))
+                .collect::<Vec<_>>(),
+            vec![(3, Shed::QueueFull), (4, Shed::QueueFull)]
         );
         assert_eq!(c.queue_bytes.load(Relaxed), 300);
         let mut out = Vec::new();
@@ -206,5 +309,108 @@ mod tests {
         let t = Instant::now();
         q.pop_batch(&mut out, 32, 1, Duration::from_millis(30));
         assert!(out.is_empty() && t.elapsed() >= Duration::from_millis(25));
+    }
+
+    #[test]
+    fn one_source_holds_at_most_its_share_and_the_table_empties() {
+        let pool = Pool::new(&[PartitionConfig {
+            block_size: 100,
+            blocks: 20,
+        }]);
+        let c = Arc::new(PipelineCounters::default());
+        let q = HtpQueue::new(1000, c).with_peer_share(0.3);
+        assert_eq!(q.peer_max_bytes(), 300);
+        let job = |peer: &str| Job {
+            peer: peer.parse().unwrap(),
+            block: pool.alloc(Layer::Receive, 1, 0).unwrap(),
+            listener: 0,
+            received: Instant::now(),
+            identity: None,
+        };
+        // a flooder on two ports of one address: one source
+        let mut batch: Vec<Job> = (0..5)
+            .map(|i| job(&format!("127.0.0.1:{}", 1000 + i)))
+            .collect();
+        // IPv6 addresses of one /64 are one source; another /64 is not
+        batch.push(job("[2001:db8::1]:5"));
+        batch.push(job("[2001:db8::2]:5"));
+        batch.push(job("[2001:db8::3]:5"));
+        batch.push(job("[2001:db8::4]:5"));
+        batch.push(job("[2001:db8:0:1::1]:5"));
+        batch.push(job("[::ffff:127.0.0.2]:9"));
+        let mut rej = Vec::new();
+        q.push_batch(&mut batch, &mut rej);
+        let shed: Vec<(String, Shed)> = rej.iter().map(|(j, w)| (j.peer.to_string(), *w)).collect();
+        assert_eq!(
+            shed,
+            vec![
+                ("127.0.0.1:1003".to_string(), Shed::PeerLimit),
+                ("127.0.0.1:1004".to_string(), Shed::PeerLimit),
+                ("[2001:db8::4]:5".to_string(), Shed::PeerLimit),
+            ]
+        );
+        assert_eq!(q.len(), 8);
+        assert_eq!(
+            q.peers(),
+            4,
+            "127.0.0.1, 2001:db8::/64, 2001:db8:0:1::/64, 127.0.0.2"
+        );
+        // the whole bound still applies: 200 bytes left
+        let mut more = vec![job("10.0.0.1:1"), job("10.0.0.2:1"), job("10.0.0.3:1")];
+        rej.clear();
+        q.push_batch(&mut more, &mut rej);
+        assert_eq!(rej.len(), 1);
+        assert_eq!(rej[0].1, Shed::QueueFull);
+        let mut out = Vec::new();
+        while !q.is_empty() {
+            q.pop_batch(&mut out, 3, 1, Duration::from_millis(1));
+        }
+        assert_eq!(out.len(), 10);
+        assert_eq!(q.peers(), 0, "no entry outlives its source's last job");
+        // a source may fill its share again once drained
+        drop(out);
+        let mut again: Vec<Job> = (0..3).map(|i| job(&format!("127.0.0.1:{i}"))).collect();
+        rej.clear();
+        q.push_batch(&mut again, &mut rej);
+        assert!(rej.is_empty());
+    }
+
+    #[test]
+    fn a_light_source_goes_ahead_of_a_heavy_one() {
+        let pool = Pool::new(&[PartitionConfig {
+            block_size: 100,
+            blocks: 32,
+        }]);
+        let c = Arc::new(PipelineCounters::default());
+        // 6400 bytes: a source holding more than 100 is heavy
+        let q = HtpQueue::new(6400, c).with_peer_share(0.5);
+        let job = |peer: &str, i: usize| Job {
+            peer: peer.parse().unwrap(),
+            block: pool.alloc(Layer::Receive, 1, 0).unwrap(),
+            listener: i,
+            received: Instant::now(),
+            identity: None,
+        };
+        let mut batch: Vec<Job> = (0..10).map(|i| job("127.0.0.1:7", i)).collect();
+        batch.push(job("127.0.0.2:7", 100));
+        batch.push(job("127.0.0.1:7", 10));
+        let mut rej = Vec::new();
+        q.push_batch(&mut batch, &mut rej);
+        assert!(rej.is_empty());
+        let mut out = Vec::new();
+        q.pop_batch(&mut out, 3, 1, Duration::from_millis(1));
+        let order: Vec<usize> = out.iter().map(|j| j.listener).collect();
+        assert_eq!(
+            order,
+            vec![0, 100, 1],
+            "the flood's first, the light one, then the bulk"
+        );
+        out.clear();
+        while !q.is_empty() {
+            q.pop_batch(&mut out, 32, 1, Duration::from_millis(1));
+        }
+        let rest: Vec<usize> = out.iter().map(|j| j.listener).collect();
+        assert_eq!(rest, (2..=10).collect::<Vec<_>>(), "the bulk in order");
+        assert_eq!(q.peers(), 0);
     }
 }

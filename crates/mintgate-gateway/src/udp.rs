@@ -5,10 +5,12 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mintgate_buf::BlockMut;
 use mintgate_coap::server::Outgoing;
+use mintgate_dtls::DtlsServer;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 /// Binds a UDP socket; `[::]` also accepts IPv4 (v4-mapped).
@@ -136,12 +138,20 @@ impl RecvBatch {
 }
 
 /// Reusable send state: up to `batch` messages of two iovecs each.
+///
+/// On a coaps listener ([`SendBatch::with_dtls`]) each message is encrypted
+/// by its peer's DTLS session when pushed and the record is queued instead.
 pub struct SendBatch {
     hdrs: Vec<libc::mmsghdr>,
     iovs: Vec<[libc::iovec; 2]>,
     addrs: Vec<SockAddr>,
     msgs: Vec<Outgoing>,
     batch: usize,
+    dtls: Option<Arc<DtlsServer>>,
+    /// Encrypted records waiting (coaps), and spare buffers for them.
+    records: Vec<Vec<u8>>,
+    spare: Vec<Vec<u8>>,
+    plain: Vec<u8>,
 }
 
 // SAFETY: as for RecvBatch; the pointers are rebuilt on every flush.
@@ -157,46 +167,85 @@ impl SendBatch {
             addrs: Vec::with_capacity(batch),
             msgs: Vec::with_capacity(batch),
             batch,
+            dtls: None,
+            records: Vec::new(),
+            spare: Vec::new(),
+            plain: Vec::new(),
         }
+    }
+
+    /// Encrypts every message for its peer's session of `dtls` (a coaps
+    /// listener); `None` leaves the batch plain.
+    pub fn with_dtls(mut self, dtls: Option<Arc<DtlsServer>>) -> SendBatch {
+        self.dtls = dtls;
+        self
     }
 
     /// Messages waiting.
     pub fn len(&self) -> usize {
-        self.msgs.len()
+        self.addrs.len()
     }
 
     /// Nothing waiting.
     pub fn is_empty(&self) -> bool {
-        self.msgs.is_empty()
+        self.addrs.is_empty()
     }
 
     /// Queues a message; flushes first when the batch is full. Returns
-    /// (sent, failed) of any flush it did.
+    /// (sent, failed) of any flush it did; on a coaps listener a message
+    /// whose peer has no session counts as failed.
     pub fn push(&mut self, sock: &UdpSocket, peer: SocketAddr, msg: Outgoing) -> (usize, usize) {
-        let r = if self.msgs.len() == self.batch {
+        let mut r = if self.addrs.len() >= self.batch {
             self.flush(sock)
         } else {
             (0, 0)
         };
-        self.addrs.push(peer.into());
-        self.msgs.push(msg);
+        let Some(dtls) = self.dtls.clone() else {
+            self.addrs.push(peer.into());
+            self.msgs.push(msg);
+            return r;
+        };
+        self.plain.clear();
+        self.plain.extend_from_slice(&msg.head);
+        self.plain.extend_from_slice(msg.tail_bytes());
+        drop(msg);
+        let (records, spare, addrs) = (&mut self.records, &mut self.spare, &mut self.addrs);
+        let ok = dtls.send(peer, &self.plain, &mut |rec| {
+            let mut v = spare.pop().unwrap_or_default();
+            v.clear();
+            v.extend_from_slice(rec);
+            records.push(v);
+            addrs.push(peer.into());
+        });
+        if !ok {
+            r.1 += 1;
+        }
         r
     }
 
     /// Sends everything queued with as few `sendmmsg` calls as it takes.
     /// Returns (sent, failed); failed datagrams are dropped, not retried.
     pub fn flush(&mut self, sock: &UdpSocket) -> (usize, usize) {
-        let n = self.msgs.len();
+        let n = self.addrs.len();
         if n == 0 {
             return (0, 0);
         }
+        if n > self.hdrs.len() {
+            // a message can take more than one record (never on the
+            // default MTU); make room
+            // SAFETY: all-zero is a valid mmsghdr/iovec.
+            self.hdrs.resize_with(n, || unsafe { zeroed() });
+            self.iovs.resize_with(n, || unsafe { zeroed() });
+        }
         for i in 0..n {
-            let m = &self.msgs[i];
-            let tail = m.tail_bytes();
+            let (head, tail): (&[u8], &[u8]) = match self.msgs.get(i) {
+                Some(m) => (&m.head, m.tail_bytes()),
+                None => (&self.records[i], &[]),
+            };
             self.iovs[i] = [
                 libc::iovec {
-                    iov_base: m.head.as_ptr() as *mut _,
-                    iov_len: m.head.len(),
+                    iov_base: head.as_ptr() as *mut _,
+                    iov_len: head.len(),
                 },
                 libc::iovec {
                     iov_base: tail.as_ptr() as *mut _,
@@ -239,11 +288,37 @@ impl SendBatch {
         }
         self.msgs.clear();
         self.addrs.clear();
+        for v in self.records.drain(..) {
+            if self.spare.len() < self.batch {
+                self.spare.push(v);
+            }
+        }
         (sent, failed)
     }
 }
 
-/// Sends one small datagram (Reset, empty ACK) right away.
-pub fn send_small(sock: &UdpSocket, peer: SocketAddr, bytes: &[u8]) -> io::Result<()> {
-    sock.send_to(bytes, peer).map(|_| ())
+/// Sends one small datagram (Reset, empty ACK) right away; on a coaps
+/// listener (`dtls`), encrypted by the peer's session.
+pub fn send_small(
+    sock: &UdpSocket,
+    dtls: Option<&DtlsServer>,
+    peer: SocketAddr,
+    bytes: &[u8],
+) -> io::Result<()> {
+    let Some(d) = dtls else {
+        return sock.send_to(bytes, peer).map(|_| ());
+    };
+    let mut r = Ok(());
+    let ok = d.send(peer, bytes, &mut |rec| {
+        if let Err(e) = sock.send_to(rec, peer) {
+            r = Err(e);
+        }
+    });
+    if !ok {
+        return Err(io::Error::new(
+            io::ErrorKind::NotConnected,
+            "no DTLS session with the peer",
+        ));
+    }
+    r
 }

@@ -114,9 +114,8 @@ fn subscribe(url: &BrokerUrl, topic: &str) -> Subscriber {
 }
 
 /// The bodies (as JSON) of up to `n` in-order deliveries within `limit`;
-/// fails on a gap. (The envelopes number a publisher's messages over all
-/// its topics; each gateway of these tests publishes to one topic only,
-/// so the numbers a subscriber sees have no gaps.)
+/// fails on a gap (the envelopes number each topic's messages, so the
+/// numbers a subscriber of one topic sees have none).
 fn bodies(sub: &mut Subscriber, n: usize, limit: Duration) -> Vec<serde_json::Value> {
     let end = Instant::now() + limit;
     let mut got = Vec::new();

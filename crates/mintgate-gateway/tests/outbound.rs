@@ -113,13 +113,13 @@ fn the_cache_answers_fresh_revalidates_stale_and_forgets_after_a_put() {
     };
     let first = get(&mut o);
     assert_eq!(
-        (first.source, first.response.payload.as_slice()),
+        (first.source, first.response.payload.as_ref()),
         (Source::Network, &b"v1"[..])
     );
     let sent = o.client().stats().transmissions;
     let hit = get(&mut o);
     assert_eq!(hit.source, Source::Cache { age: 0 });
-    assert_eq!(hit.response.payload, b"v1");
+    assert_eq!(&hit.response.payload[..], b"v1");
     assert_eq!(
         hit.response
             .options
@@ -139,7 +139,7 @@ fn the_cache_answers_fresh_revalidates_stale_and_forgets_after_a_put() {
     let again = get(&mut o);
     assert_eq!(again.source, Source::Revalidated);
     assert_eq!(again.response.code, Code::CONTENT);
-    assert_eq!(again.response.payload, b"v1");
+    assert_eq!(&again.response.payload[..], b"v1");
     assert_eq!(
         calls.load(Relaxed),
         2,
@@ -150,7 +150,7 @@ fn the_cache_answers_fresh_revalidates_stale_and_forgets_after_a_put() {
         .unwrap();
     let after = get(&mut o);
     assert_eq!(
-        (after.source, after.response.payload.as_slice()),
+        (after.source, after.response.payload.as_ref()),
         (Source::Network, &b"v2"[..])
     );
     let s = o.stats();

@@ -226,6 +226,8 @@ fn full_queue_answers_con_with_503_max_age_and_drops_non_visibly() {
     let mut c = config("127.0.0.1:0");
     c.pipeline.pool = PoolMode::Fixed(1);
     c.pipeline.queue_bytes = 2 * 1280;
+    // one client: the whole queue, not its share of it (tests/overload.rs)
+    c.pipeline.peer_queue_share = 1.0;
     c.pipeline.handler_batch = 1;
     c.coap.separate_response_after_ms = 60_000;
     let (gw, addr) = start(c, slow_router(Duration::from_millis(150)));

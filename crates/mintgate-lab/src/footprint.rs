@@ -79,6 +79,11 @@ pub fn parse_status(text: &str) -> ProcMem {
 /// GETs `http://addr/metrics` and returns the sum of every sample of
 /// `family` (all label sets), or `None` when the family is absent.
 pub fn metric_sum(addr: SocketAddr, family: &str) -> anyhow::Result<Option<f64>> {
+    Ok(sum_family(&scrape(addr)?, family))
+}
+
+/// GETs `http://addr/metrics`: the response, head and Prometheus text.
+pub fn scrape(addr: SocketAddr) -> anyhow::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
         .with_context(|| format!("connecting to the metrics endpoint {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -88,7 +93,7 @@ pub fn metric_sum(addr: SocketAddr, family: &str) -> anyhow::Result<Option<f64>>
     )?;
     let mut body = String::new();
     s.read_to_string(&mut body)?;
-    Ok(sum_family(&body, family))
+    Ok(body)
 }
 
 /// Sums the samples of `family` in a Prometheus text exposition.
@@ -109,7 +114,7 @@ pub fn sum_family(text: &str, family: &str) -> Option<f64> {
 }
 
 /// A child process killed (SIGKILL) if still running when dropped.
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -122,7 +127,7 @@ impl Drop for Proc {
 
 impl Proc {
     /// SIGTERM, then waits up to `limit` for the exit; true on a clean exit.
-    fn terminate(&mut self, limit: Duration) -> bool {
+    pub(crate) fn terminate(&mut self, limit: Duration) -> bool {
         // SAFETY: signalling our own child by its pid.
         unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
         let end = Instant::now() + limit;
@@ -136,11 +141,11 @@ impl Proc {
     }
 }
 
-fn free_udp_port() -> anyhow::Result<u16> {
+pub(crate) fn free_udp_port() -> anyhow::Result<u16> {
     Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn free_tcp_port() -> anyhow::Result<u16> {
+pub(crate) fn free_tcp_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -175,7 +180,7 @@ fn coap_request(to: SocketAddr, code: Code, path: &str, payload: &[u8]) -> bool 
     }
 }
 
-fn wait_answering(to: SocketAddr, limit: Duration) -> anyhow::Result<()> {
+pub(crate) fn wait_answering(to: SocketAddr, limit: Duration) -> anyhow::Result<()> {
     let end = Instant::now() + limit;
     while Instant::now() < end {
         if coap_request(to, Code::GET, "/request", &[]) {
@@ -408,7 +413,7 @@ fn measure_libcoap(opts: &LabOptions) -> anyhow::Result<Option<ServerFootprint>>
     }))
 }
 
-fn mib(b: u64) -> f64 {
+pub(crate) fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
@@ -523,13 +528,7 @@ pub fn lab_footprint(opts: &LabOptions, exe: &Path) -> anyhow::Result<Summary> {
         );
     }
     let mut met = true;
-    let mut verdict = |ok: bool, what: String| {
-        met &= ok;
-        line(
-            &mut t,
-            format_args!("target {}: {what}", if ok { "met" } else { "NOT met" }),
-        );
-    };
+    let mut verdict = |ok: bool, what: String| crate::target_line(&mut t, &mut met, ok, &what);
     verdict(
         mg.idle.rss <= IDLE_TARGET,
         format!("idle VmRSS {:.1} MiB <= 16 MiB", mib(mg.idle.rss)),

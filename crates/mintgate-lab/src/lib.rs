@@ -28,6 +28,9 @@
 //! - [`lab_directpath`]: paper 001, Fig. 4, one read -> compare -> write
 //!   cycle through the user API, the optimized user path and the direct
 //!   path (inside the worker and end to end under load).
+//! - [`lab_overload`]: a `mintgate serve` process at ten times its
+//!   capacity: a probe from another source still answered, memory bounded,
+//!   sheds counted.
 //! - [`report`]: `lab all`, every lab in turn and one self-contained
 //!   `report.html` with a summary of the targets met or missed.
 
@@ -47,6 +50,7 @@ pub mod congestion;
 pub mod directpath;
 pub mod footprint;
 pub mod mqtt;
+pub mod overload;
 mod paper;
 mod peers;
 mod plot;
@@ -61,6 +65,7 @@ pub use congestion::{lab_congestion, CongestionOptions};
 pub use directpath::lab_directpath;
 pub use footprint::lab_footprint;
 pub use mqtt::{lab_mqtt, MqttLabOptions};
+pub use overload::lab_overload;
 pub use proxy::{lab_proxy, ProxyLabOptions};
 pub use threads::lab_threads;
 pub use vta::lab_vta;
@@ -136,10 +141,13 @@ pub struct Summary {
 pub const RATE_PER_CLIENT: f64 = 10.0;
 
 /// The gateway configuration every lab starts from: loopback, an ephemeral
-/// port, the given pool and handler cost.
+/// port, the given pool and handler cost, and the whole HTP queue open to
+/// one source (a lab's clients all send from 127.0.0.1, and the papers'
+/// servers have no per-source share).
 fn lab_config(pool: PoolMode, cost: HandlerCost, observer_samples: usize) -> Config {
     let mut c = Config::default();
     c.coap.bind = vec!["127.0.0.1:0".parse().expect("literal address")];
+    c.pipeline.peer_queue_share = 1.0;
     c.pipeline.pool = pool;
     c.pipeline.observer_samples = observer_samples.max(120);
     c.resources.request_cost = cost;
@@ -191,6 +199,16 @@ fn create_out(out: &Path) -> anyhow::Result<()> {
 
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Appends `target met: WHAT` (or `target NOT met: ...`) to a table and
+/// keeps `met` true only while every target is.
+fn target_line(t: &mut String, met: &mut bool, ok: bool, what: &str) {
+    *met &= ok;
+    line(
+        t,
+        format_args!("target {}: {what}", if ok { "met" } else { "NOT met" }),
+    );
 }
 
 /// Appends a line to a table string.

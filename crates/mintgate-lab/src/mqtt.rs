@@ -255,6 +255,8 @@ fn run_one(bname: &str, url: &BrokerUrl, m: Method, run: usize, n: u64, work: &P
     };
     sc.report_arrivals = true;
     sc.reorder = ReorderConfig {
+        // Subscribed before the first message: anything lost is a gap.
+        first_seq: Some(1),
         gap_timeout: None,
         max_buffer: n as usize + 1,
         ..ReorderConfig::default()

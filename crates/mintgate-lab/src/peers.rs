@@ -175,7 +175,7 @@ fn exchange(
         }
         if let Some(ev) = c.poll_event() {
             return match ev {
-                Event::Response { payload, .. } => Some(payload),
+                Event::Response { payload, .. } => Some(payload.to_vec()),
                 _ => None,
             };
         }

@@ -280,6 +280,17 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
             run: Box::new(move || crate::lab_footprint(&o, &exe)),
         });
     }
+    {
+        let o = o.clone();
+        let exe = exe.to_path_buf();
+        let skip = (!exe.is_file()).then(|| format!("{} not found", exe.display()));
+        jobs.push(LabJob {
+            name: "overload",
+            paper: "issue 9: 10x capacity (no paper figure)",
+            skip,
+            run: Box::new(move || crate::lab_overload(&o, &exe, None)),
+        });
+    }
     jobs
 }
 

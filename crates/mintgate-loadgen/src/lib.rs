@@ -30,6 +30,9 @@
 //! - **Bounded**: sending stops at `warmup + duration`; the run then drains
 //!   until every request is answered or timed out, at most `timeout` more.
 //!
+//! [`probe`] times single CON GETs with RFC 7252 retransmissions from a
+//! source of their own, to see whether a loaded server still answers.
+//!
 //! Accounting: `sent`, `received`, `lost`, `errors` and the latency
 //! percentiles cover the requests *sent* during the measured period (after
 //! the warm-up); every one of them is either received or lost by the end, so
@@ -37,6 +40,7 @@
 //! successful (2.xx) responses that *arrived* during the measured period.
 
 mod histogram;
+pub mod probe;
 mod schedule;
 mod slots;
 mod sys;

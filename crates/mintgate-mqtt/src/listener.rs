@@ -135,11 +135,12 @@ impl Listener {
                 Ok(LinkEvent::Connected { .. }) => {
                     connected = true;
                     backoff = Duration::from_millis(50);
-                    let c = conn.as_ref().expect("an event came from it");
-                    cfg.filters
-                        .iter()
-                        .try_for_each(|f| c.subscribe(f, cfg.qos))
-                        .err()
+                    conn.as_ref().and_then(|c| {
+                        cfg.filters
+                            .iter()
+                            .try_for_each(|f| c.subscribe(f, cfg.qos))
+                            .err()
+                    })
                 }
                 Ok(LinkEvent::SubAck(true)) => {
                     tracing::debug!(broker = %cfg.broker, filters = ?cfg.filters, "subscribed");

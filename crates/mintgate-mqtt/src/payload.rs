@@ -1,3 +1,5 @@
+// Parses outside input: no indexing that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 //! The message envelope every queued publish carries, as JSON:
 //!
 //! ```json
@@ -6,9 +8,11 @@
 //!
 //! - `pub`: the publisher's identity (stable across restarts: it lives in the
 //!   queue's store), so that a receiver orders each publisher separately.
-//! - `seq`: the per-publisher sequence number, 1, 2, 3, ... with no gaps. The
-//!   receiver orders and de-duplicates by it (the paper used the current time
-//!   in milliseconds, which collides when two messages share a millisecond).
+//! - `seq`: the sequence number per publisher and topic, 1, 2, 3, ... with
+//!   no gaps on each topic (a first message may start above 1, see
+//!   [`crate::store`]). The receiver orders and de-duplicates by it (the
+//!   paper used the current time in milliseconds, which collides when two
+//!   messages share a millisecond).
 //! - `ts`: when the message was enqueued, milliseconds since the Unix epoch;
 //!   informational only, never used for ordering.
 //! - `msg`: the application's body, a UTF-8 string.

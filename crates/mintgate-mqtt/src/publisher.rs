@@ -5,11 +5,14 @@
 //! connection up (reconnecting with back-off, 50 ms doubling to 2 s), hands
 //! the queue's transmissions to rumqttc and reports PUBACKs/PUBCOMPs back.
 //!
-//! Packet ids are mapped to sequences by order: on a fresh connection every
+//! Packet ids are mapped to queue ids by order: on a fresh connection every
 //! publish request produces exactly one `Sent(pkid)` event, in request order,
 //! so the n-th `Sent` belongs to the n-th message handed over. The window
 //! keeps rumqttc from ever running out of packet ids (it cycles 1..=W and at
 //! most W consecutive messages are in flight), so there is no collision.
+//!
+//! Every message gets the next sequence number of its topic (see
+//! [`crate::queue`]): a receiver of any one topic sees 1, 2, 3, ...
 //!
 //! [`Publisher::enqueue`] returns only after the message is durable in the
 //! store (when the store is persistent): from then on it reaches the broker
@@ -29,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::conn::{check_topic, BrokerUrl, Conn, ConnOptions, LinkEvent, Qos};
 use crate::payload::now_ms;
-use crate::queue::{PubQueue, QueueStats};
+use crate::queue::{PubQueue, QueueStats, QueuedMessage};
 use crate::store::{MemStore, RedbStore, Store};
 
 /// How to run a [`Publisher`].
@@ -72,6 +75,9 @@ pub enum PublishError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The durable write of this message failed (the publisher stops).
+    #[error("the publish queue's store failed: {0}")]
+    StoreFailed(String),
     /// Bad argument (topic, QoS).
     #[error("{0}")]
     Invalid(String),
@@ -86,8 +92,9 @@ pub enum PublishError {
 /// A snapshot of the publisher.
 #[derive(Clone, Debug, Default)]
 pub struct Status {
-    /// The sequence the next message gets.
-    pub next_seq: u64,
+    /// The queue id the next message gets (its order over all topics;
+    /// [`Publisher::next_seq`] tells a topic's next sequence number).
+    pub next_id: u64,
     /// Messages not yet acknowledged.
     pub unacked: usize,
     /// Messages held by the store at start (resumed).
@@ -114,6 +121,10 @@ enum Cmd {
         topic: String,
         bodies: Vec<String>,
         reply: oneshot::Sender<Result<RangeInclusive<u64>, PublishError>>,
+    },
+    NextSeq {
+        topic: String,
+        reply: oneshot::Sender<u64>,
     },
     Close {
         drain: Duration,
@@ -153,10 +164,15 @@ impl Publisher {
             )),
         };
         let rec = store.recovered().clone();
-        let queue = PubQueue::restore(rec.publisher.clone(), cfg.window, rec.next_seq, rec.unacked);
+        let queue = PubQueue::restore(
+            rec.publisher.clone(),
+            cfg.window,
+            rec.numbering,
+            rec.unacked,
+        );
         let shared = Arc::new(Shared {
             status: Mutex::new(Status {
-                next_seq: queue.next_seq(),
+                next_id: queue.next_id(),
                 unacked: queue.len(),
                 resumed: queue.len(),
                 ..Status::default()
@@ -192,6 +208,9 @@ impl Publisher {
                     connects: 0,
                     last_error: None,
                     last_notify: Instant::now(),
+                    staged: Vec::new(),
+                    staged_replies: Vec::new(),
+                    appending: None,
                 };
                 rt.block_on(d.run(rx));
                 let mut st = lock(&sh.status);
@@ -213,13 +232,26 @@ impl Publisher {
         &self.publisher_id
     }
 
-    /// Queues one message; returns its sequence once it is durable.
+    /// The sequence number the next message for `topic` gets.
+    pub fn next_seq(&self, topic: &str) -> Result<u64, PublishError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Cmd::NextSeq {
+                topic: topic.to_owned(),
+                reply,
+            })
+            .map_err(|_| PublishError::Stopped)?;
+        rx.blocking_recv().map_err(|_| PublishError::Stopped)
+    }
+
+    /// Queues one message; returns its sequence (of its topic) once it is
+    /// durable.
     pub fn enqueue(&self, topic: &str, body: &str) -> Result<u64, PublishError> {
         Ok(*self.enqueue_many(topic, vec![body.to_owned()])?.start())
     }
 
     /// Queues several messages in one durable write; returns their
-    /// sequences (consecutive).
+    /// sequences (consecutive: the topic's next ones).
     pub fn enqueue_many(
         &self,
         topic: &str,
@@ -318,13 +350,35 @@ struct Driver {
     store: Box<dyn Store>,
     shared: Arc<Shared>,
     connected: bool,
-    /// In-flight packet id -> sequence, on the current connection.
+    /// In-flight packet id -> queue id, on the current connection.
     pkids: Vec<(u16, u64)>,
-    /// Sequences handed to rumqttc whose `Sent` event has not come yet.
+    /// Queue ids handed to rumqttc whose `Sent` event has not come yet.
     handed: std::collections::VecDeque<u64>,
     connects: u64,
     last_error: Option<String>,
     last_notify: Instant,
+    /// Numbered messages waiting for the next durable write, and the
+    /// callers to answer when it is done.
+    staged: Vec<QueuedMessage>,
+    staged_replies: Vec<(EnqueueReply, RangeInclusive<u64>)>,
+    /// The durable write running on the blocking pool: its job, the last id
+    /// it covers and the callers it answers.
+    appending: Option<Appending>,
+}
+
+type EnqueueReply = oneshot::Sender<Result<RangeInclusive<u64>, PublishError>>;
+
+struct Appending {
+    job: tokio::task::JoinHandle<Result<(), crate::store::StoreError>>,
+    upto: u64,
+    replies: Vec<(EnqueueReply, RangeInclusive<u64>)>,
+}
+
+async fn appended(a: &mut Option<Appending>) -> Result<(), crate::store::StoreError> {
+    match a {
+        Some(a) => (&mut a.job).await.unwrap_or_else(|e| Err(join_error(e))),
+        None => std::future::pending().await,
+    }
 }
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -372,23 +426,41 @@ impl Driver {
             tokio::select! {
                 cmd = rx.recv(), if closing.is_none() => match cmd {
                     Some(Cmd::Enqueue { topic, bodies, reply }) => {
-                        let r = self.enqueue(&topic, &bodies);
-                        // The status shows the message before the caller
-                        // hears it was accepted.
-                        self.publish_status();
-                        let fatal = r.is_err();
-                        let _ = reply.send(r);
-                        if fatal {
-                            // The store failed: stop rather than run with a
-                            // queue the store no longer matches.
+                        // Take every enqueue that is waiting too: one
+                        // durable write for all of them (group commit).
+                        let mut next = Some(Cmd::Enqueue { topic, bodies, reply });
+                        while let Some(cmd) = next.take() {
+                            match cmd {
+                                Cmd::Enqueue { topic, bodies, reply } => {
+                                    self.stage(&topic, &bodies, reply);
+                                    next = rx.try_recv().ok();
+                                }
+                                other => {
+                                    self.unstash(other, &mut closing);
+                                }
+                            }
+                        }
+                        if let Err(e) = self.start_append() {
+                            tracing::error!("{e}");
+                            self.last_error = Some(e.to_string());
                             break;
                         }
                     }
-                    Some(Cmd::Close { drain, reply }) => {
-                        closing = Some((tokio::time::Instant::now() + drain, reply));
+                    Some(Cmd::NextSeq { topic, reply }) => {
+                        let _ = reply.send(self.queue.next_seq(&topic));
                     }
+                    Some(other) => self.unstash(other, &mut closing),
                     None => break,
                 },
+                r = appended(&mut self.appending) => {
+                    // The store failed: stop rather than run with a queue
+                    // the store no longer matches.
+                    if let Err(e) = self.appended(r) {
+                        tracing::error!("{e}");
+                        self.last_error = Some(e.to_string());
+                        break;
+                    }
+                }
                 ev = next_event(&mut conn), if conn.is_some() => {
                     // Handle the whole burst that is ready before pumping.
                     let mut ev = Some(ev);
@@ -434,6 +506,30 @@ impl Driver {
                     if close_at.is_some() => {}
             }
         }
+        // What was accepted for writing is written before we go (and its
+        // callers answered), even when closing or after a store error.
+        if self.appending.is_some() {
+            let r = appended(&mut self.appending).await;
+            if let Err(e) = self.appended(r) {
+                tracing::error!("{e}");
+            }
+        }
+        if !self.staged.is_empty() {
+            let msgs = std::mem::take(&mut self.staged);
+            let r = self
+                .store
+                .append(&msgs, self.queue.next_id())
+                .map(|()| self.queue.next_id() - 1);
+            for (reply, range) in std::mem::take(&mut self.staged_replies) {
+                let _ = reply.send(match &r {
+                    Ok(_) => Ok(range),
+                    Err(e) => Err(PublishError::StoreFailed(e.to_string())),
+                });
+            }
+            if let Ok(upto) = r {
+                self.queue.mark_durable(upto);
+            }
+        }
         if let Some(h) = flushing.take() {
             if let Err(e) = h.await.unwrap_or_else(|e| Err(join_error(e))) {
                 tracing::error!("{e}");
@@ -461,28 +557,100 @@ impl Driver {
         }
     }
 
-    fn enqueue(
+    /// Handles a command other than an enqueue (met while taking a batch of
+    /// enqueues).
+    fn unstash(
         &mut self,
-        topic: &str,
-        bodies: &[String],
-    ) -> Result<RangeInclusive<u64>, PublishError> {
+        cmd: Cmd,
+        closing: &mut Option<(tokio::time::Instant, oneshot::Sender<()>)>,
+    ) {
+        match cmd {
+            Cmd::Enqueue {
+                topic,
+                bodies,
+                reply,
+            } => self.stage(&topic, &bodies, reply),
+            Cmd::NextSeq { topic, reply } => {
+                let _ = reply.send(self.queue.next_seq(&topic));
+            }
+            Cmd::Close { drain, reply } => {
+                *closing = Some((tokio::time::Instant::now() + drain, reply));
+            }
+        }
+    }
+
+    /// Numbers `bodies` and stages them for the next durable write; the
+    /// caller is answered when it is done.
+    fn stage(&mut self, topic: &str, bodies: &[String], reply: EnqueueReply) {
         let ts = now_ms();
-        let msgs: Vec<_> = bodies
-            .iter()
-            .map(|b| self.queue.enqueue(topic, b, ts))
-            .collect();
-        // Durable before anything is sent or the caller is answered.
-        self.store.append(&msgs, self.queue.next_seq())?;
-        let first = msgs.first().map_or(0, |m| m.seq);
-        let last = msgs.last().map_or(0, |m| m.seq);
-        Ok(first..=last)
+        let first = self.queue.next_seq(topic);
+        for b in bodies {
+            let m = self.queue.stage(topic, b, ts);
+            self.staged.push(m);
+        }
+        let last = self.queue.next_seq(topic) - 1;
+        self.staged_replies.push((reply, first..=last));
+    }
+
+    /// Starts the durable write of what is staged, unless one is running
+    /// (the next starts when it is done, with everything staged meanwhile).
+    fn start_append(&mut self) -> Result<(), crate::store::StoreError> {
+        if self.appending.is_some() || self.staged.is_empty() {
+            return Ok(());
+        }
+        let msgs = std::mem::take(&mut self.staged);
+        let replies = std::mem::take(&mut self.staged_replies);
+        let upto = self.queue.next_id() - 1;
+        match self.store.append_job(msgs, self.queue.next_id())? {
+            Some(job) => {
+                self.appending = Some(Appending {
+                    job: tokio::task::spawn_blocking(job),
+                    upto,
+                    replies,
+                });
+            }
+            None => self.durable(upto, replies),
+        }
+        Ok(())
+    }
+
+    /// The running durable write ended with `r`.
+    fn appended(
+        &mut self,
+        r: Result<(), crate::store::StoreError>,
+    ) -> Result<(), crate::store::StoreError> {
+        let Some(a) = self.appending.take() else {
+            return Ok(());
+        };
+        match r {
+            Ok(()) => {
+                self.durable(a.upto, a.replies);
+                self.start_append()
+            }
+            Err(e) => {
+                for (reply, _) in a.replies {
+                    let _ = reply.send(Err(PublishError::StoreFailed(e.to_string())));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Messages up to `upto` are durable: they may leave, and their callers
+    /// hear they were accepted (after the status shows them).
+    fn durable(&mut self, upto: u64, replies: Vec<(EnqueueReply, RangeInclusive<u64>)>) {
+        self.queue.mark_durable(upto);
+        self.publish_status();
+        for (reply, range) in replies {
+            let _ = reply.send(Ok(range));
+        }
     }
 
     /// Hands every message the window allows to rumqttc.
     fn pump(&mut self, c: &Conn) -> Result<(), String> {
         while let Some(m) = self.queue.poll_transmit() {
             c.publish(&m.topic, self.cfg.qos, m.payload)?;
-            self.handed.push_back(m.seq);
+            self.handed.push_back(m.id);
         }
         Ok(())
     }
@@ -493,19 +661,19 @@ impl Driver {
                 self.connected = true;
                 self.connects += 1;
                 tracing::debug!(
-                    "publish queue connected to {} (resending from seq {:?})",
+                    "publish queue connected to {} (resending from message {:?})",
                     self.cfg.broker,
                     self.queue.base()
                 );
             }
             LinkEvent::Sent(pkid) => {
-                let seq = self.handed.pop_front().ok_or_else(|| {
+                let id = self.handed.pop_front().ok_or_else(|| {
                     format!("PUBLISH {pkid} sent that the queue did not hand over")
                 })?;
                 if self.pkids.iter().any(|&(p, _)| p == pkid) {
                     return Err(format!("packet id {pkid} reused while in flight"));
                 }
-                self.pkids.push((pkid, seq));
+                self.pkids.push((pkid, id));
             }
             LinkEvent::Acked(pkid, result) => {
                 let i = self
@@ -513,13 +681,13 @@ impl Driver {
                     .iter()
                     .position(|&(p, _)| p == pkid)
                     .ok_or_else(|| format!("ack for unknown packet id {pkid}"))?;
-                let (_, seq) = self.pkids.swap_remove(i);
+                let (_, id) = self.pkids.swap_remove(i);
                 if let Err(reason) = result {
                     // The broker refused it: send it again on a new connection.
-                    return Err(format!("broker refused seq {seq}: {reason}"));
+                    return Err(format!("broker refused message {id}: {reason}"));
                 }
-                if self.queue.on_ack(seq) {
-                    self.store.ack(&[seq]).map_err(|e| e.to_string())?;
+                if self.queue.on_ack(id) {
+                    self.store.ack(&[id]).map_err(|e| e.to_string())?;
                 }
             }
             LinkEvent::Message { .. } | LinkEvent::SubAck(_) | LinkEvent::Other => {}
@@ -547,10 +715,10 @@ impl Driver {
     fn publish_status(&mut self) {
         let mut st = lock(&self.shared.status);
         let wake = (self.queue.is_empty() && st.unacked != 0)
-            || st.next_seq != self.queue.next_seq()
+            || st.next_id != self.queue.next_id()
             || st.connected != self.connected
             || self.last_notify.elapsed() >= Duration::from_millis(20);
-        st.next_seq = self.queue.next_seq();
+        st.next_id = self.queue.next_id();
         st.unacked = self.queue.len();
         st.connected = self.connected;
         st.connects = self.connects;

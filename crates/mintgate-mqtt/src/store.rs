@@ -1,8 +1,9 @@
 //! Where the publish queue keeps its messages between restarts.
 //!
 //! [`RedbStore`] keeps them in a `redb` database (`queue.redb` in the state
-//! folder): a table of unacknowledged messages by sequence and a table of
-//! metadata (publisher id, next sequence). Durability rules:
+//! folder): a table of unacknowledged messages by id, a table of each
+//! topic's next seq, and a table of metadata (publisher id, next id, the
+//! first seq of a new topic). Durability rules:
 //! - [`Store::append`] commits durably (fsync) before it returns: a message
 //!   the queue accepted survives `kill -9` and power loss.
 //! - [`Store::ack`] only notes acknowledged messages; [`Store::flush`]
@@ -12,6 +13,13 @@
 //!   already acknowledged: they are sent again and the receiver drops them
 //!   by sequence. Never a loss.
 //!
+//! Stores written before seqs were counted per topic (one seq over all
+//! topics, which was also the message's key) open as they are: their
+//! messages are sent again with the seq they carry, their `next_seq`
+//! becomes the next id, and every topic's seqs continue from that number
+//! (`seq_base`), so a receiver that saw the old numbers sees the new ones
+//! above them, never below.
+//!
 //! [`MemStore`] keeps nothing across restarts (tests, and callers that want
 //! the ordering without persistence).
 
@@ -20,9 +28,14 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableTable, TableDefinition};
 
-use crate::queue::QueuedMessage;
+use crate::queue::{Numbering, QueuedMessage};
 
+/// id -> record ([`encode_record`]).
 const MESSAGES: TableDefinition<u64, &[u8]> = TableDefinition::new("messages");
+/// topic -> the topic's next seq.
+const TOPIC_SEQ: TableDefinition<&str, u64> = TableDefinition::new("topic_seq");
+/// `publisher`, `next_seq` (the next id; named before ids and seqs were
+/// told apart), `seq_base` (the first seq of a topic not in `topic_seq`).
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 /// A store error, with what was being done.
@@ -51,9 +64,9 @@ impl StoreError {
 pub struct Recovered {
     /// The publisher id (made up and saved when the store was created).
     pub publisher: String,
-    /// The next sequence to assign.
-    pub next_seq: u64,
-    /// Unacknowledged messages, in sequence order.
+    /// The next numbers to assign.
+    pub numbering: Numbering,
+    /// Unacknowledged messages, in id order.
     pub unacked: Vec<QueuedMessage>,
 }
 
@@ -61,10 +74,11 @@ pub struct Recovered {
 pub trait Store: Send {
     /// What the store held when opened.
     fn recovered(&self) -> &Recovered;
-    /// Saves `msgs` and the next sequence durably.
-    fn append(&mut self, msgs: &[QueuedMessage], next_seq: u64) -> Result<(), StoreError>;
-    /// Forgets acknowledged messages (made durable later by [`Store::flush`]).
-    fn ack(&mut self, seqs: &[u64]) -> Result<(), StoreError>;
+    /// Saves `msgs`, their topics' next seqs and the next id durably.
+    fn append(&mut self, msgs: &[QueuedMessage], next_id: u64) -> Result<(), StoreError>;
+    /// Forgets acknowledged messages, by id (made durable later by
+    /// [`Store::flush`]).
+    fn ack(&mut self, ids: &[u64]) -> Result<(), StoreError>;
     /// Makes every earlier [`Store::ack`] durable.
     fn flush(&mut self) -> Result<(), StoreError>;
     /// Like [`Store::flush`], as a job the caller may run on another thread
@@ -72,6 +86,17 @@ pub trait Store: Send {
     /// nothing to do.
     fn take_flush_job(&mut self) -> Option<FlushJob> {
         None
+    }
+    /// Like [`Store::append`], as a job the caller may run on another
+    /// thread (the connection goes on meanwhile; what `msgs` holds must not
+    /// be sent before the job succeeded). `None`: done already (the
+    /// default appends at once).
+    fn append_job(
+        &mut self,
+        msgs: Vec<QueuedMessage>,
+        next_id: u64,
+    ) -> Result<Option<FlushJob>, StoreError> {
+        self.append(&msgs, next_id).map(|()| None)
     }
 }
 
@@ -90,7 +115,7 @@ impl MemStore {
         MemStore {
             rec: Recovered {
                 publisher: publisher.into(),
-                next_seq: 1,
+                numbering: Numbering::default(),
                 unacked: Vec::new(),
             },
         }
@@ -139,14 +164,25 @@ fn encode_record(m: &QueuedMessage) -> Vec<u8> {
     v
 }
 
-fn decode_record(seq: u64, v: &[u8]) -> Option<QueuedMessage> {
+/// The message with key `id`; its seq is the one its envelope carries (the
+/// id itself for a payload that is not an envelope, which this crate never
+/// writes).
+fn decode_record(id: u64, v: &[u8]) -> Option<QueuedMessage> {
     let n = u16::from_be_bytes([*v.first()?, *v.get(1)?]) as usize;
     let topic = std::str::from_utf8(v.get(2..2 + n)?).ok()?.to_owned();
+    let payload = v.get(2 + n..)?.to_vec();
+    let seq = crate::payload::decode(&payload).map_or(id, |e| e.seq);
     Some(QueuedMessage {
+        id,
         seq,
         topic,
-        payload: v.get(2 + n..)?.to_vec(),
+        payload,
     })
+}
+
+fn read_u64(v: Option<redb::AccessGuard<'_, &'static [u8]>>) -> Option<u64> {
+    v.and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        .map(u64::from_be_bytes)
 }
 
 impl RedbStore {
@@ -191,7 +227,8 @@ impl RedbStore {
                 Some(v) => String::from_utf8_lossy(v.value()).into_owned(),
                 None => String::new(),
             };
-            let publisher = if publisher.is_empty() {
+            let created = publisher.is_empty();
+            let publisher = if created {
                 let p = default_publisher
                     .map(str::to_owned)
                     .unwrap_or_else(random_publisher_id);
@@ -201,12 +238,34 @@ impl RedbStore {
             } else {
                 publisher
             };
-            let next_seq = meta
-                .get("next_seq")
-                .map_err(|e| err("reading next_seq")(e.into()))?
-                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                .map(u64::from_be_bytes)
-                .unwrap_or(1);
+            let next_id = read_u64(
+                meta.get("next_seq")
+                    .map_err(|e| err("reading next_seq")(e.into()))?,
+            )
+            .unwrap_or(1);
+            let stored_base = read_u64(
+                meta.get("seq_base")
+                    .map_err(|e| err("reading seq_base")(e.into()))?,
+            );
+            let seq_base = match stored_base {
+                Some(b) => b,
+                None => {
+                    // A new store starts every topic at 1; one from before
+                    // per-topic seqs continues above the numbers it used.
+                    let b = if created { 1 } else { next_id.max(1) };
+                    meta.insert("seq_base", b.to_be_bytes().as_slice())
+                        .map_err(|e| err("saving seq_base")(e.into()))?;
+                    b
+                }
+            };
+            let mut topic_next = std::collections::HashMap::new();
+            let seqs = tx
+                .open_table(TOPIC_SEQ)
+                .map_err(|e| err("opening the topic table")(e.into()))?;
+            for item in seqs.iter().map_err(|e| err("reading topics")(e.into()))? {
+                let (k, v) = item.map_err(|e| err("reading topics")(e.into()))?;
+                topic_next.insert(k.value().to_owned(), v.value());
+            }
             let msgs = tx
                 .open_table(MESSAGES)
                 .map_err(|e| err("opening the messages table")(e.into()))?;
@@ -223,7 +282,11 @@ impl RedbStore {
             }
             Recovered {
                 publisher,
-                next_seq: next_seq.max(unacked.last().map_or(1, |m| m.seq + 1)),
+                numbering: Numbering {
+                    next_id: next_id.max(unacked.last().map_or(1, |m| m.id + 1)),
+                    topic_next,
+                    seq_base,
+                },
                 unacked,
             }
         };
@@ -234,14 +297,6 @@ impl RedbStore {
             rec,
             acked: Vec::new(),
         })
-    }
-
-    fn err(&self, what: &'static str) -> impl FnOnce(redb::Error) -> StoreError + '_ {
-        move |e| StoreError {
-            path: self.path.display().to_string(),
-            what,
-            source: Box::new(e),
-        }
     }
 }
 
@@ -255,35 +310,26 @@ impl Store for RedbStore {
         &self.rec
     }
 
-    fn append(&mut self, msgs: &[QueuedMessage], next_seq: u64) -> Result<(), StoreError> {
-        let tx = self
-            .db
-            .begin_write()
-            .map_err(|e| self.err("starting a transaction")(e.into()))?;
-        {
-            let mut t = tx
-                .open_table(MESSAGES)
-                .map_err(|e| self.err("opening the messages table")(e.into()))?;
-            for m in msgs {
-                t.insert(m.seq, encode_record(m).as_slice())
-                    .map_err(|e| self.err("appending")(e.into()))?;
-            }
-            let mut meta = tx
-                .open_table(META)
-                .map_err(|e| self.err("opening the meta table")(e.into()))?;
-            meta.insert("next_seq", next_seq.to_be_bytes().as_slice())
-                .map_err(|e| self.err("saving next_seq")(e.into()))?;
-        }
-        // Durability::Immediate is the default: the commit syncs.
-        tx.commit()
-            .map_err(|e| self.err("committing an append")(e.into()))?;
-        Ok(())
+    fn append(&mut self, msgs: &[QueuedMessage], next_id: u64) -> Result<(), StoreError> {
+        append_durably(&self.db, &self.path, msgs, next_id)
     }
 
-    fn ack(&mut self, seqs: &[u64]) -> Result<(), StoreError> {
+    fn append_job(
+        &mut self,
+        msgs: Vec<QueuedMessage>,
+        next_id: u64,
+    ) -> Result<Option<FlushJob>, StoreError> {
+        let db = self.db.clone();
+        let path = self.path.clone();
+        Ok(Some(Box::new(move || {
+            append_durably(&db, &path, &msgs, next_id)
+        })))
+    }
+
+    fn ack(&mut self, ids: &[u64]) -> Result<(), StoreError> {
         // Kept in memory until the next flush: a crash before it brings the
         // messages back (sent again, dropped by the receiver), never loses one.
-        self.acked.extend_from_slice(seqs);
+        self.acked.extend_from_slice(ids);
         Ok(())
     }
 
@@ -303,21 +349,68 @@ impl Store for RedbStore {
     }
 }
 
+/// Turns a database error while doing `what` on `path` into a StoreError.
+fn at<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(redb::Error) -> StoreError + 'a {
+    move |e| StoreError {
+        path: path.display().to_string(),
+        what,
+        source: Box::new(e),
+    }
+}
+
+fn begin(db: &Database, path: &Path) -> Result<redb::WriteTransaction, StoreError> {
+    db.begin_write()
+        .map_err(|e| at(path, "starting a transaction")(e.into()))
+}
+
+/// Saves `msgs`, their topics' next seqs and the next id in one durable
+/// commit.
+fn append_durably(
+    db: &Database,
+    path: &Path,
+    msgs: &[QueuedMessage],
+    next_id: u64,
+) -> Result<(), StoreError> {
+    let err = |what| at(path, what);
+    let tx = begin(db, path)?;
+    {
+        let mut t = tx
+            .open_table(MESSAGES)
+            .map_err(|e| err("opening the messages table")(e.into()))?;
+        let mut topics = tx
+            .open_table(TOPIC_SEQ)
+            .map_err(|e| err("opening the topic table")(e.into()))?;
+        let mut next: std::collections::HashMap<&str, u64> = Default::default();
+        for m in msgs {
+            t.insert(m.id, encode_record(m).as_slice())
+                .map_err(|e| err("appending")(e.into()))?;
+            let n = next.entry(m.topic.as_str()).or_default();
+            *n = (*n).max(m.seq + 1);
+        }
+        for (topic, n) in next {
+            topics
+                .insert(topic, n)
+                .map_err(|e| err("saving a topic's next seq")(e.into()))?;
+        }
+        let mut meta = tx
+            .open_table(META)
+            .map_err(|e| err("opening the meta table")(e.into()))?;
+        meta.insert("next_seq", next_id.to_be_bytes().as_slice())
+            .map_err(|e| err("saving next_seq")(e.into()))?;
+    }
+    // Durability::Immediate is the default: the commit syncs.
+    tx.commit()
+        .map_err(|e| err("committing an append")(e.into()))?;
+    Ok(())
+}
+
 /// Removes `seqs` in one durable commit.
 fn remove_durably(db: &Database, path: &Path, seqs: &[u64]) -> Result<(), StoreError> {
     if seqs.is_empty() {
         return Ok(());
     }
-    let err = |what: &'static str| {
-        move |e: redb::Error| StoreError {
-            path: path.display().to_string(),
-            what,
-            source: Box::new(e),
-        }
-    };
-    let tx = db
-        .begin_write()
-        .map_err(|e| err("starting a transaction")(e.into()))?;
+    let err = |what| at(path, what);
+    let tx = begin(db, path)?;
     {
         let mut t = tx
             .open_table(MESSAGES)
@@ -361,29 +454,96 @@ mod tests {
             let mut s = RedbStore::open(&dir, None).unwrap();
             publisher = s.recovered().publisher.clone();
             assert!(publisher.starts_with("mg-"));
+            assert_eq!(s.recovered().numbering, Numbering::default());
             let mut q = PubQueue::new(publisher.clone(), 1);
             let ms: Vec<_> = (0..5)
                 .map(|i| q.enqueue("a/b", &format!("{i}"), 7))
                 .collect();
-            s.append(&ms, q.next_seq()).unwrap();
+            s.append(&ms, q.next_id()).unwrap();
             let m = q.poll_transmit().unwrap();
-            assert!(q.on_ack(m.seq));
-            s.ack(&[m.seq]).unwrap();
+            assert!(q.on_ack(m.id));
+            s.ack(&[m.id]).unwrap();
             s.flush().unwrap();
             // Not flushed: may or may not survive, either is correct.
             let m = q.poll_transmit().unwrap();
-            assert!(q.on_ack(m.seq));
-            s.ack(&[m.seq]).unwrap();
+            assert!(q.on_ack(m.id));
+            s.ack(&[m.id]).unwrap();
+            let other = q.enqueue("c", "x", 7);
+            s.append(&[other], q.next_id()).unwrap();
         }
         let s = RedbStore::open(&dir, Some("ignored")).unwrap();
         let r = s.recovered();
         assert_eq!(r.publisher, publisher);
-        assert_eq!(r.next_seq, 6);
-        let seqs: Vec<u64> = r.unacked.iter().map(|m| m.seq).collect();
-        assert_eq!(seqs, vec![3, 4, 5], "drop flushes the last ack");
+        assert_eq!(r.numbering.next_id, 7);
+        assert_eq!(r.numbering.seq_base, 1);
+        assert_eq!(r.numbering.topic_next.get("a/b"), Some(&6));
+        assert_eq!(r.numbering.topic_next.get("c"), Some(&2));
+        let ids: Vec<(u64, u64)> = r.unacked.iter().map(|m| (m.id, m.seq)).collect();
+        assert_eq!(
+            ids,
+            vec![(3, 3), (4, 4), (5, 5), (6, 1)],
+            "drop flushes the last ack"
+        );
         assert_eq!(r.unacked[0].topic, "a/b");
         let e = crate::payload::decode(&r.unacked[0].payload).unwrap();
         assert_eq!((e.seq, e.msg.as_str()), (3, "2"));
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_store_from_before_per_topic_seqs_continues_above_its_numbers() {
+        // As the first version wrote it: messages keyed by one sequence over
+        // all topics, `next_seq`, no topic table, no `seq_base`.
+        let dir = tmp("legacy");
+        std::fs::create_dir_all(&dir).unwrap();
+        {
+            let db = Database::create(dir.join("queue.redb")).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut meta = tx.open_table(META).unwrap();
+                meta.insert("publisher", b"mg-old".as_slice()).unwrap();
+                meta.insert("next_seq", 8u64.to_be_bytes().as_slice())
+                    .unwrap();
+                let mut t = tx.open_table(MESSAGES).unwrap();
+                for (seq, topic) in [(6u64, "a"), (7, "b")] {
+                    let env = crate::payload::Envelope {
+                        publisher: "mg-old".into(),
+                        seq,
+                        ts: 1,
+                        msg: "m".into(),
+                    };
+                    let m = QueuedMessage {
+                        id: seq,
+                        seq,
+                        topic: topic.into(),
+                        payload: env.encode(),
+                    };
+                    t.insert(seq, encode_record(&m).as_slice()).unwrap();
+                }
+            }
+            tx.commit().unwrap();
+        }
+        let s = RedbStore::open(&dir, None).unwrap();
+        let r = s.recovered().clone();
+        drop(s);
+        assert_eq!(r.publisher, "mg-old");
+        assert_eq!((r.numbering.next_id, r.numbering.seq_base), (8, 8));
+        let got: Vec<(u64, u64, &str)> = r
+            .unacked
+            .iter()
+            .map(|m| (m.id, m.seq, m.topic.as_str()))
+            .collect();
+        assert_eq!(got, vec![(6, 6, "a"), (7, 7, "b")]);
+        let mut q = PubQueue::restore("mg-old", 1, r.numbering, r.unacked);
+        // Resent first, as they were; then every topic above 7.
+        assert_eq!(q.poll_transmit().map(|m| m.seq), Some(6));
+        let a = q.enqueue("a", "new", 2);
+        let c = q.enqueue("c", "new", 2);
+        assert_eq!((a.id, a.seq, c.id, c.seq), (8, 8, 9, 8));
+        // seq_base was saved: the same on the next open.
+        let s = RedbStore::open(&dir, None).unwrap();
+        assert_eq!(s.recovered().numbering.seq_base, 8);
         drop(s);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -401,6 +561,7 @@ mod tests {
     #[test]
     fn record_codec_rejects_truncation() {
         let m = QueuedMessage {
+            id: 1,
             seq: 1,
             topic: "t/x".into(),
             payload: b"{}".to_vec(),

@@ -268,7 +268,7 @@ impl SubState<'_> {
                     if self.cfg.report_arrivals {
                         self.out.push(SubEvent::Arrival(env.clone()));
                     }
-                    self.reorder.push(env, Instant::now());
+                    self.reorder.push(&topic, env, Instant::now());
                     self.drain();
                 }
                 Err(e) => self

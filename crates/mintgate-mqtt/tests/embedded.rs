@@ -129,3 +129,89 @@ fn enqueue_while_broker_unreachable_then_deliver() {
     );
     assert!(p.enqueue("a/+", "x").is_err(), "wildcard topic accepted");
 }
+
+#[test]
+fn one_topic_of_several_has_no_gaps_and_a_late_subscriber_starts_at_once() {
+    // One publisher alternating between two topics, window 4. A subscriber
+    // of one of them sees 1, 2, 3, ... with no gap (each topic has its own
+    // sequence), and one that subscribes after 100 messages starts where
+    // the stream is, without waiting for the numbers it missed.
+    let base = topic("two");
+    let (a, b) = (format!("{base}/a"), format!("{base}/b"));
+    let mut sub_a = Subscriber::start(SubscriberConfig::new(broker().url(), a.clone())).unwrap();
+    assert!(sub_a.wait_subscribed(Duration::from_secs(10)));
+    let mut cfg = PublisherConfig::new(broker().url());
+    cfg.window = 4;
+    let p = Publisher::start(cfg).unwrap();
+    for i in 1..=100u64 {
+        assert_eq!(p.enqueue(&a, &format!("a{i}")).unwrap(), i);
+        assert_eq!(p.enqueue(&b, &format!("b{i}")).unwrap(), i);
+    }
+    assert!(p.wait_idle(Duration::from_secs(30)));
+    let t0 = Instant::now();
+    let got = collect(&mut sub_a, p.publisher_id(), 100, Duration::from_secs(20));
+    assert_eq!(got, (1..=100).collect::<Vec<_>>());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(p.next_seq(&a).unwrap(), 101);
+
+    let mut late = Subscriber::start(SubscriberConfig::new(broker().url(), b.clone())).unwrap();
+    assert!(late.wait_subscribed(Duration::from_secs(10)));
+    let t0 = Instant::now();
+    for i in 1..=20 {
+        p.enqueue(&b, &format!("b{}", 100 + i)).unwrap();
+    }
+    let got = collect(&mut late, p.publisher_id(), 20, Duration::from_secs(20));
+    assert_eq!(got, (101..=120).collect::<Vec<_>>());
+    // The 10 s gap timeout was not waited for.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    p.close(Duration::from_secs(1));
+}
+
+#[test]
+fn concurrent_enqueues_share_durable_writes_and_stay_in_order() {
+    // Four producers enqueue one message at a time into a persistent queue:
+    // while one durable write runs, the next ones are staged and written
+    // together. Each caller gets its own numbers; the receiver gets 1..=200
+    // in order; the state is empty afterwards.
+    let t = topic("group");
+    let state = std::env::temp_dir().join(format!(
+        "mintgate-mqtt-group-{}-{:08x}",
+        std::process::id(),
+        rand_u32()
+    ));
+    let mut sub = Subscriber::start(SubscriberConfig::new(broker().url(), t.clone())).unwrap();
+    assert!(sub.wait_subscribed(Duration::from_secs(10)));
+    let mut cfg = PublisherConfig::new(broker().url());
+    cfg.window = 8;
+    cfg.state = Some(state.clone());
+    let p = std::sync::Arc::new(Publisher::start(cfg).unwrap());
+    let handles: Vec<_> = (0..4)
+        .map(|k| {
+            let (p, t) = (p.clone(), t.clone());
+            std::thread::spawn(move || {
+                (0..50)
+                    .map(|i| p.enqueue(&t, &format!("{k}-{i}")).unwrap())
+                    .collect::<Vec<u64>>()
+            })
+        })
+        .collect();
+    let mut seqs: Vec<u64> = Vec::new();
+    for h in handles {
+        let mine = h.join().unwrap();
+        assert!(mine.windows(2).all(|w| w[0] < w[1]), "{mine:?}");
+        seqs.extend(mine);
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=200).collect::<Vec<_>>());
+    let got = collect(&mut sub, p.publisher_id(), 200, Duration::from_secs(20));
+    assert_eq!(got, (1..=200).collect::<Vec<_>>());
+    assert!(p.wait_idle(Duration::from_secs(10)));
+    let p = std::sync::Arc::into_inner(p).unwrap();
+    p.close(Duration::from_secs(1));
+    let s = mintgate_mqtt::store::RedbStore::open(&state, None).unwrap();
+    use mintgate_mqtt::store::Store as _;
+    assert!(s.recovered().unacked.is_empty());
+    assert_eq!(s.recovered().numbering.topic_next.get(&t), Some(&201));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&state);
+}

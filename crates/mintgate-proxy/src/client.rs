@@ -284,12 +284,10 @@ impl HttpClient {
                         tracing::debug!(error = %e, "0-RTT request failed; retrying after the handshake");
                         early = false;
                         let conn = conn.clone();
-                        let (s2, c2) = h3_handshake(conn).await?;
+                        let (mut s2, c2) = h3_handshake(conn).await?;
+                        let r = h3_round_trip(&mut s2, req, body).await;
                         self.conn = Conn::H3(s2, c2);
-                        let Conn::H3(s, _) = &mut self.conn else {
-                            unreachable!("just set")
-                        };
-                        h3_round_trip(s, req, body).await?
+                        r?
                     }
                     Err(e) => return Err(e),
                 }

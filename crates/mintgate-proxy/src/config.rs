@@ -64,6 +64,29 @@ pub struct ProxyConfig {
     pub idle_timeout: Duration,
     /// TLS settings for HTTP/3 (and mutual TLS).
     pub tls: TlsConfig,
+    /// What writes (any method but GET, HEAD and OPTIONS) need.
+    pub write_auth: WriteAuth,
+}
+
+/// What an HTTP write needs (the gateway's `[access]` policy, HTTP side).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub enum WriteAuth {
+    /// Nothing beyond what every request needs.
+    #[default]
+    Open,
+    /// `Authorization: Bearer T` with T one of `tokens` (401 otherwise). T
+    /// also passes the `bearer_tokens` check, and goes on in the CoAP
+    /// Access-Token option to the upstreams in `forward_to` only (the
+    /// gateway's own endpoint), never to another server.
+    Bearer {
+        /// Accepted tokens.
+        tokens: Vec<String>,
+        /// Upstreams that get the token.
+        forward_to: Vec<Authority>,
+    },
+    /// Refused (401): writes need a credential HTTP cannot carry (a DTLS
+    /// identity).
+    Refuse,
 }
 
 /// Certificates for the HTTP/3 listener.
@@ -113,6 +136,7 @@ impl Default for ProxyConfig {
                 early_data: true,
                 ..TlsConfig::default()
             },
+            write_auth: WriteAuth::Open,
         }
     }
 }

@@ -18,6 +18,10 @@
 //! pipeline's threads for a worker. This crate does not depend on the
 //! gateway: the CLI wires the two.
 
+// Input comes off the network: no panic may be reachable from it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![cfg_attr(not(test), deny(clippy::panic, clippy::unreachable))]
+
 pub mod cache;
 pub mod client;
 pub mod config;
@@ -36,7 +40,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-pub use config::{Listen, ProxyConfig, TlsConfig};
+pub use config::{Listen, ProxyConfig, TlsConfig, WriteAuth};
 pub use server::router;
 pub use service::{ClientInfo, Proxy};
 /// Re-exported for users of [`client`] and [`service`] (same versions).

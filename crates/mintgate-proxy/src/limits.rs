@@ -86,28 +86,25 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Checks an `Authorization` header value against the accepted tokens.
 /// With no tokens configured, everything passes.
 pub fn bearer_ok(tokens: &[String], authorization: Option<&[u8]>) -> bool {
-    if tokens.is_empty() {
-        return true;
-    }
-    let Some(v) = authorization else {
-        return false;
-    };
-    let Ok(v) = std::str::from_utf8(v) else {
-        return false;
-    };
-    let v = v.trim();
-    let Some((scheme, token)) = v.split_once(' ') else {
-        return false;
-    };
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return false;
-    }
-    let token = token.trim().as_bytes();
+    tokens.is_empty() || bearer_token(authorization).is_some_and(|t| token_in(tokens, t))
+}
+
+/// The token of an `Authorization: Bearer TOKEN` header value.
+pub fn bearer_token(authorization: Option<&[u8]>) -> Option<&str> {
+    let v = std::str::from_utf8(authorization?).ok()?.trim();
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// Whether `token` is one of `tokens`.
+pub fn token_in(tokens: &[String], token: &str) -> bool {
     // Compare against every token so the time does not reveal which one
     // (or whether an early one) matched.
-    tokens
-        .iter()
-        .fold(false, |ok, t| constant_time_eq(t.as_bytes(), token) | ok)
+    tokens.iter().fold(false, |ok, t| {
+        constant_time_eq(t.as_bytes(), token.as_bytes()) | ok
+    })
 }
 
 #[cfg(test)]

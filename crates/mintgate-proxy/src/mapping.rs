@@ -1,3 +1,5 @@
+// Parses outside input: no indexing that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 //! The HTTP <-> CoAP mapping of RFC 8075 as pure functions: no I/O, no
 //! clock, nothing async. The servers (HTTP/1.1, HTTP/2, HTTP/3) all go
 //! through these.
@@ -334,19 +336,17 @@ fn encode_query(q: &[Vec<u8>]) -> String {
 pub fn pct_decode(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hi = b.get(i + 1).and_then(|c| (*c as char).to_digit(16));
-            let lo = b.get(i + 2).and_then(|c| (*c as char).to_digit(16));
+    let mut it = b.iter();
+    while let Some(&c) = it.next() {
+        if c == b'%' {
+            let hi = it.next().and_then(|c| (*c as char).to_digit(16));
+            let lo = it.next().and_then(|c| (*c as char).to_digit(16));
             match (hi, lo) {
                 (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
                 _ => return None,
             }
-            i += 3;
         } else {
-            out.push(b[i]);
-            i += 1;
+            out.push(c);
         }
     }
     Some(out)
@@ -432,7 +432,12 @@ pub fn resolve_target(
         // A percent-encoded target (`/hc/coap%3A%2F%2Fhost%2Fpath`) is
         // decoded once; a plain one is parsed as it is.
         let decoded;
-        let uri = if rest.len() > 7 && rest[..7].eq_ignore_ascii_case("coap%3a") {
+        // (`get`: the first 7 bytes may end inside a multi-byte character)
+        let encoded = rest.len() > 7
+            && rest
+                .get(..7)
+                .is_some_and(|p| p.eq_ignore_ascii_case("coap%3a"));
+        let uri = if encoded {
             decoded = pct_decode(rest)
                 .and_then(|v| String::from_utf8(v).ok())
                 .ok_or_else(|| bad(StatusCode::BAD_REQUEST, "bad percent-encoding in target"))?;
@@ -636,6 +641,16 @@ fn header_str<'a>(h: &'a HeaderMap, name: &HeaderName) -> Result<Option<String>,
     })
 }
 
+/// The request headers [`map_request`] reads (others are not mapped).
+pub const MAPPED_REQUEST_HEADERS: [HeaderName; 6] = [
+    header::CONTENT_TYPE,
+    header::ACCEPT,
+    header::IF_MATCH,
+    header::IF_NONE_MATCH,
+    header::CACHE_CONTROL,
+    header::PRAGMA,
+];
+
 /// Maps an HTTP request (method, headers, body) to the CoAP request for
 /// `target`.
 pub fn map_request(
@@ -809,18 +824,19 @@ pub use mintgate_coap::cache::Response as CoapResponse;
 
 /// Options of a response this proxy understands; any other critical option
 /// makes the response unintelligible (RFC 7252 section 5.4.1).
+pub const KNOWN_RESPONSE_OPTIONS: [OptionNumber; 8] = [
+    OptionNumber::ETAG,
+    OptionNumber::OBSERVE,
+    OptionNumber::LOCATION_PATH,
+    OptionNumber::CONTENT_FORMAT,
+    OptionNumber::MAX_AGE,
+    OptionNumber::LOCATION_QUERY,
+    OptionNumber::SIZE2,
+    OptionNumber::SIZE1,
+];
+
 fn known_response_option(n: OptionNumber) -> bool {
-    matches!(
-        n,
-        OptionNumber::ETAG
-            | OptionNumber::OBSERVE
-            | OptionNumber::LOCATION_PATH
-            | OptionNumber::CONTENT_FORMAT
-            | OptionNumber::MAX_AGE
-            | OptionNumber::LOCATION_QUERY
-            | OptionNumber::SIZE2
-            | OptionNumber::SIZE1
-    )
+    KNOWN_RESPONSE_OPTIONS.contains(&n)
 }
 
 /// The HTTP status for a CoAP response code (RFC 8075 section 7).
@@ -879,11 +895,11 @@ pub fn location_for(
     };
     if let Some(m) = mapping {
         let base = &m.target.path;
-        if m.target.authority == *authority
-            && loc_path.len() >= base.len()
-            && loc_path[..base.len()] == base[..]
+        if let Some(rest) = loc_path
+            .strip_prefix(base.as_slice())
+            .filter(|_| m.target.authority == *authority)
         {
-            return format!("{}{}{q}", m.prefix, encode_path(&loc_path[base.len()..]));
+            return format!("{}{}{q}", m.prefix, encode_path(rest));
         }
     }
     format!("{HC_PREFIX}coap://{authority}{}{q}", encode_path(loc_path))
@@ -942,8 +958,8 @@ pub fn map_response(
                 }
                 etag.get_or_insert(v);
             }
-            OptionNumber::LOCATION_PATH => loc_path.push(v.clone()),
-            OptionNumber::LOCATION_QUERY => loc_query.push(v.clone()),
+            OptionNumber::LOCATION_PATH => loc_path.push(v.to_vec()),
+            OptionNumber::LOCATION_QUERY => loc_query.push(v.to_vec()),
             OptionNumber::MAX_AGE if v.len() > 4 => {
                 return Err(unintelligible("bad Max-Age".into()))
             }
@@ -993,7 +1009,7 @@ pub fn map_response(
         if cx.info.head || status == StatusCode::NOT_MODIFIED || status == StatusCode::NO_CONTENT {
             Bytes::new()
         } else {
-            Bytes::from(resp.payload)
+            resp.payload
         };
     let mut r = Response::new(body);
     *r.status_mut() = status;

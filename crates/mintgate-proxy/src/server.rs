@@ -124,6 +124,13 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        // No read while a request is in flight: hyper's check for an early
+        // EOF reserves a fresh 8 KiB read buffer per request (the request's
+        // head still holds the old one), which `lab buffers` counted as a
+        // per-message allocation whose size depended on timing. A client
+        // that goes away is still noticed when its answer is written, and
+        // every upstream exchange has its own timeout.
+        .half_close(true)
         .keep_alive(true);
     builder
         .http2()

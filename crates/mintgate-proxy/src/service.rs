@@ -4,7 +4,9 @@
 //!
 //! Order of the checks, each with its status:
 //! 1. per-client rate limit (429 with Retry-After);
-//! 2. bearer token when tokens are configured (401 with a challenge);
+//! 2. bearer token when tokens are configured (401 with a challenge), and
+//!    for writes (methods other than GET, HEAD, OPTIONS) the write policy
+//!    ([`WriteAuth`]; 401);
 //! 3. target length (414), target form (`/hc/...` or a reverse prefix; 404
 //!    when neither, 400/501 when malformed);
 //! 4. the upstream must be allowed (403);
@@ -25,7 +27,8 @@ use mintgate_coap::wire::{Code, OptionNumber};
 
 use crate::cache::{self, Cache, Lookup};
 use crate::config::ProxyConfig;
-use crate::limits::{bearer_ok, RateLimiter};
+use crate::config::WriteAuth;
+use crate::limits::{bearer_ok, bearer_token, token_in, RateLimiter};
 use crate::mapping::{
     map_request, map_response, resolve_target, safe_for_early_data, Authority, ProxyError,
     ResponseContext, Via,
@@ -53,6 +56,8 @@ pub struct ProxyStats {
     pub rate_limited: AtomicU64,
     /// Refused: authentication.
     pub unauthorized: AtomicU64,
+    /// Of those, writes refused by the write policy.
+    pub write_refused: AtomicU64,
     /// Refused: upstream not allowed.
     pub forbidden: AtomicU64,
     /// Refused: unsafe method in early data.
@@ -173,15 +178,35 @@ impl Proxy {
             )
             .retry_after(secs));
         }
-        if !bearer_ok(
-            &self.cfg.bearer_tokens,
-            headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()),
-        ) {
+        let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+        let write_token = match &self.cfg.write_auth {
+            WriteAuth::Bearer { tokens, .. } => {
+                bearer_token(authorization).filter(|t| token_in(tokens, t))
+            }
+            _ => None,
+        };
+        if write_token.is_none() && !bearer_ok(&self.cfg.bearer_tokens, authorization) {
             self.stats.unauthorized.fetch_add(1, Relaxed);
             return Err(ProxyError::new(
                 StatusCode::UNAUTHORIZED,
                 "a valid bearer token is required",
             ));
+        }
+        // writes: the [access] policy (safe methods pass)
+        if !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+            let refused = match &self.cfg.write_auth {
+                WriteAuth::Open => None,
+                WriteAuth::Bearer { .. } if write_token.is_some() => None,
+                WriteAuth::Bearer { .. } => Some("writes need a valid bearer token"),
+                WriteAuth::Refuse => Some(
+                    "writes need a DTLS identity (access.write = \"dtls\"), which HTTP cannot carry",
+                ),
+            };
+            if let Some(why) = refused {
+                self.stats.unauthorized.fetch_add(1, Relaxed);
+                self.stats.write_refused.fetch_add(1, Relaxed);
+                return Err(ProxyError::new(StatusCode::UNAUTHORIZED, why));
+            }
         }
         let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         if pq.len() > self.cfg.max_uri {
@@ -221,6 +246,13 @@ impl Proxy {
             ));
         }
         let (mut req, info) = map_request(method, headers, &target, &body)?;
+        if let (Some(t), WriteAuth::Bearer { forward_to, .. }) = (write_token, &self.cfg.write_auth)
+        {
+            if forward_to.contains(&authority) {
+                req.options
+                    .push((OptionNumber::ACCESS_TOKEN, t.as_bytes().to_vec()));
+            }
+        }
         let mapping = match via {
             Via::Reverse(i) => self.cfg.reverse.get(i),
             Via::Default => None,

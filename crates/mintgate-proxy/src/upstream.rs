@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
 use mintgate_coap::client::{Client, ClientConfig, Event, ExchangeId, Request};
 use mintgate_coap::rto::{Algorithm, TransmissionParams};
 use tokio::net::UdpSocket;
@@ -109,9 +110,52 @@ pub struct UpstreamStats {
     /// Retransmissions.
     pub retransmissions: AtomicU64,
     /// Bytes of response payload and option values copied out of received
-    /// datagrams (the one copy of a response's bytes on the way to HTTP;
-    /// `lab buffers` reads it).
+    /// datagrams on the way to HTTP (the client's count; `lab buffers` reads
+    /// it). Datagrams are received into shared buffers whose slices become
+    /// the HTTP body, so nothing is copied.
     pub bytes_copied: AtomicU64,
+    /// Datagrams longer than [`MAX_DATAGRAM`], dropped.
+    pub oversize: AtomicU64,
+}
+
+/// Largest response datagram the upstream client accepts (a CoAP message
+/// over UDP is meant to fit one IP packet, RFC 7252 4.6; larger answers
+/// are dropped and counted in [`UpstreamStats::oversize`]).
+pub const MAX_DATAGRAM: usize = 4096;
+
+/// Datagrams are received into areas of this size, each split into one
+/// shared buffer per datagram; a new area is taken when less than
+/// `MAX_DATAGRAM + 1` bytes are left, so at most 1/16 of an area is left
+/// unused. An area is freed when the last response sliced from it is.
+const RECV_AREA: usize = 16 * MAX_DATAGRAM;
+
+/// The receive side of the upstream socket: whole datagrams as [`Bytes`]
+/// without a copy.
+struct RecvArea {
+    area: BytesMut,
+}
+
+impl RecvArea {
+    fn new() -> RecvArea {
+        RecvArea {
+            area: BytesMut::new(),
+        }
+    }
+
+    /// Room for one more datagram (and one byte more, to see truncation).
+    fn room(&mut self) -> &mut BytesMut {
+        if self.area.capacity() - self.area.len() <= MAX_DATAGRAM {
+            self.area = BytesMut::with_capacity(RECV_AREA);
+        }
+        &mut self.area
+    }
+
+    /// The datagram just received (the area's filled bytes), or None when
+    /// it was longer than [`MAX_DATAGRAM`].
+    fn take(&mut self) -> Option<Bytes> {
+        let d = self.area.split().freeze();
+        (d.len() <= MAX_DATAGRAM).then_some(d)
+    }
 }
 
 struct Cmd {
@@ -284,7 +328,7 @@ struct Task {
 
 impl Task {
     async fn run(mut self) {
-        let mut buf = vec![0u8; 65536];
+        let mut rx = RecvArea::new();
         let mut open = true;
         while open || !self.pending.is_empty() {
             self.flush().await;
@@ -296,14 +340,14 @@ impl Task {
                 }
             };
             tokio::select! {
-                r = self.socket.recv_from(&mut buf) => {
+                r = self.socket.recv_buf_from(rx.room()) => {
                     match r {
-                        Ok((n, src)) => {
-                            self.client.handle_datagram(Instant::now(), from_socket(src), &buf[..n]);
+                        Ok((_, src)) => {
+                            self.received(&mut rx, src);
                             // Take what else is waiting without another wake-up.
                             for _ in 0..64 {
-                                match self.socket.try_recv_from(&mut buf) {
-                                    Ok((n, src)) => self.client.handle_datagram(Instant::now(), from_socket(src), &buf[..n]),
+                                match self.socket.try_recv_buf_from(rx.room()) {
+                                    Ok((_, src)) => self.received(&mut rx, src),
                                     Err(_) => break,
                                 }
                             }
@@ -330,6 +374,22 @@ impl Task {
                     }
                 }
                 _ = sleep => self.client.handle_timeout(Instant::now()),
+            }
+        }
+    }
+
+    /// Hands the datagram just received into `rx` to the client.
+    fn received(&mut self, rx: &mut RecvArea, src: SocketAddr) {
+        match rx.take() {
+            Some(d) => {
+                self.client
+                    .handle_datagram_bytes(Instant::now(), from_socket(src), d);
+                self.stats
+                    .bytes_copied
+                    .store(self.client.stats().bytes_copied, Relaxed);
+            }
+            None => {
+                self.stats.oversize.fetch_add(1, Relaxed);
             }
         }
     }
@@ -396,9 +456,6 @@ impl Task {
                     ..
                 } => {
                     self.stats.responses.fetch_add(1, Relaxed);
-                    let copied =
-                        payload.len() + options.iter().map(|(_, v)| v.len()).sum::<usize>();
-                    self.stats.bytes_copied.fetch_add(copied as u64, Relaxed);
                     self.stats
                         .retransmissions
                         .fetch_add(retransmissions.into(), Relaxed);
@@ -427,6 +484,32 @@ impl Task {
 mod tests {
     use super::*;
     use mintgate_coap::wire::{Code, MessageType, MessageWriter, OptionNumber, Packet};
+
+    #[test]
+    fn datagrams_share_an_area_and_oversize_ones_are_refused() {
+        let mut rx = RecvArea::new();
+        rx.room().extend_from_slice(&[1; 100]);
+        let a = rx.take().expect("fits");
+        assert!(
+            rx.room().capacity() > MAX_DATAGRAM,
+            "room for the largest datagram and one byte more"
+        );
+        rx.room().extend_from_slice(&[2; 50]);
+        let b = rx.take().expect("fits");
+        assert_eq!((a.len(), b.len()), (100, 50));
+        // b follows a in the same allocation
+        assert_eq!(a.as_ptr_range().end, b.as_ptr());
+        rx.room().extend_from_slice(&vec![3; MAX_DATAGRAM + 1]);
+        assert!(rx.take().is_none(), "a truncated datagram is not handed on");
+        rx.room().extend_from_slice(&[4; MAX_DATAGRAM]);
+        assert_eq!(rx.take().map(|d| d.len()), Some(MAX_DATAGRAM));
+        // a new area is taken when the old one has too little room left
+        for _ in 0..RECV_AREA / MAX_DATAGRAM {
+            rx.room().extend_from_slice(&[5; MAX_DATAGRAM]);
+            assert!(rx.take().is_some());
+        }
+        assert_eq!((a[0], b[0]), (1, 2), "earlier datagrams are untouched");
+    }
 
     /// A tiny CoAP responder on loopback: answers every CON GET with a
     /// piggybacked 2.05 carrying the request's first Uri-Path, after `delay`;

@@ -20,6 +20,9 @@ pub struct PipelineCounters {
     pub nr_dropped: AtomicU64,
     /// CON requests answered 5.03 because the queue was full.
     pub nr_rejected: AtomicU64,
+    /// Requests shed (NON dropped, CON answered 5.03) because their source
+    /// already held its share of the HTP queue (per-peer limit).
+    pub nr_peer_limited: AtomicU64,
     /// Malformed datagrams (answered with Reset or dropped).
     pub nr_malformed: AtomicU64,
     /// Duplicates (replayed or dropped by de-duplication).
@@ -67,7 +70,7 @@ pub struct Sample {
     pub busy: f64,
     /// Datagrams received.
     pub datagrams: u64,
-    /// Dropped NON + rejected CON + shed.
+    /// Dropped NON + rejected CON + per-peer limited + shed.
     pub dropped: u64,
     /// Malformed datagrams.
     pub malformed: u64,
@@ -98,6 +101,7 @@ impl PipelineCounters {
             datagrams: self.nr_datagrams.load(Relaxed),
             dropped: self.nr_dropped.load(Relaxed)
                 + self.nr_rejected.load(Relaxed)
+                + self.nr_peer_limited.load(Relaxed)
                 + self.htp_shed.load(Relaxed),
             malformed: self.nr_malformed.load(Relaxed),
             duplicates: self.nr_duplicates.load(Relaxed),

@@ -16,15 +16,18 @@ fn key(path: &str) -> CacheKey {
 fn resp(code: Code, max_age: Option<u32>, etag: Option<&[u8]>, body: &str) -> Response {
     let mut options = Vec::new();
     if let Some(e) = etag {
-        options.push((OptionNumber::ETAG, e.to_vec()));
+        options.push((OptionNumber::ETAG, Bytes::copy_from_slice(e)));
     }
     if let Some(m) = max_age {
-        options.push((OptionNumber::MAX_AGE, encode_uint(m, &mut [0; 4]).to_vec()));
+        options.push((
+            OptionNumber::MAX_AGE,
+            Bytes::copy_from_slice(encode_uint(m, &mut [0; 4])),
+        ));
     }
     Response {
         code,
         options,
-        payload: body.as_bytes().to_vec(),
+        payload: Bytes::copy_from_slice(body.as_bytes()),
     }
 }
 
@@ -37,7 +40,7 @@ fn fresh_until_max_age_then_miss() {
     assert!(c.store(k.clone(), &resp(Code::CONTENT, Some(10), None, "x"), t0));
     match c.lookup(&k, t0 + Duration::from_secs(3)) {
         Lookup::Fresh(r, age) => {
-            assert_eq!(r.payload, b"x");
+            assert_eq!(&r.payload[..], b"x");
             assert_eq!(age, 3);
         }
         other => panic!("expected fresh, got {other:?}"),
@@ -124,7 +127,7 @@ fn stale_with_etag_is_revalidated_by_a_matching_2_03() {
     let r = c
         .revalidated(&k, &resp(Code::VALID, Some(30), Some(b"\x01\x02"), ""), t1)
         .expect("refreshed");
-    assert_eq!(r.payload, b"body");
+    assert_eq!(&r.payload[..], b"body");
     assert_eq!(r.max_age(), Some(30));
     assert!(matches!(
         c.lookup(&k, t1 + Duration::from_secs(29)),

@@ -27,6 +27,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use super::{Event, Request};
 use crate::server::block::{szx_for, BlockOpt};
 use crate::wire::{decode_uint, encode_uint, Code, MessageType, OptionNumber};
@@ -66,9 +68,9 @@ pub struct Response {
     pub msg_type: MessageType,
     /// The options of the last response (without Block1, Block2 and Size2
     /// when the transfer was block-wise).
-    pub options: Vec<(OptionNumber, Vec<u8>)>,
+    pub options: Vec<(OptionNumber, Bytes)>,
     /// The whole payload.
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
     /// Round-trip times of the exchanges, summed.
     pub rtt: Duration,
     /// Retransmissions over all exchanges.
@@ -83,7 +85,7 @@ impl Response {
         self.options
             .iter()
             .find(|(o, _)| *o == n)
-            .map(|(_, v)| v.as_slice())
+            .map(|(_, v)| &v[..])
     }
 }
 
@@ -165,11 +167,14 @@ fn uint(v: u32) -> Vec<u8> {
     encode_uint(v, &mut [0; 4]).to_vec()
 }
 
-fn block_of(options: &[(OptionNumber, Vec<u8>)], n: OptionNumber) -> Option<Option<BlockOpt>> {
+fn block_of<V: AsRef<[u8]>>(
+    options: &[(OptionNumber, V)],
+    n: OptionNumber,
+) -> Option<Option<BlockOpt>> {
     options
         .iter()
         .find(|(o, _)| *o == n)
-        .map(|(_, v)| decode_uint(v).and_then(BlockOpt::decode))
+        .map(|(_, v)| decode_uint(v.as_ref()).and_then(BlockOpt::decode))
 }
 
 impl Transfer {
@@ -392,7 +397,7 @@ impl Transfer {
             });
         }
         if let Some(b) = body {
-            resp.payload = b;
+            resp.payload = Bytes::from(b);
         }
         resp.rtt = self.rtt;
         resp.retransmissions = self.retransmissions;

@@ -46,6 +46,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -99,10 +100,11 @@ pub enum Event {
         code: Code,
         /// How the response came: ACK (piggybacked), CON or NON (separate).
         msg_type: MessageType,
-        /// The options, in message order.
-        options: Vec<(OptionNumber, Vec<u8>)>,
+        /// The options, in message order (values share the datagram's
+        /// buffer when it came through [`Client::handle_datagram_bytes`]).
+        options: Vec<(OptionNumber, Bytes)>,
         /// The payload (empty when none).
-        payload: Vec<u8>,
+        payload: Bytes,
         /// From the first transmission of the request to the response.
         rtt: Duration,
         /// Retransmissions of the request that were made.
@@ -235,6 +237,10 @@ pub struct ClientStats {
     pub acks_sent: u64,
     /// Resets sent (unmatched confirmable messages, pings).
     pub resets_sent: u64,
+    /// Bytes of response payload and option values copied into events
+    /// (datagrams given to [`Client::handle_datagram_bytes`] are sliced,
+    /// not copied).
+    pub bytes_copied: u64,
 }
 
 /// What was answered to a received CON or NON, replayed for its duplicates.
@@ -439,8 +445,21 @@ impl Client {
         }
     }
 
-    /// Processes one datagram received from `src`.
+    /// Processes one datagram received from `src`. A response's payload and
+    /// option values are copied out of `datagram` into its [`Event`].
     pub fn handle_datagram(&mut self, now: Instant, src: SocketAddr, datagram: &[u8]) {
+        self.receive(now, src, datagram, None);
+    }
+
+    /// Processes one datagram received from `src` into a shared buffer: a
+    /// response's payload and option values in its [`Event`] are slices of
+    /// `datagram`, nothing is copied.
+    pub fn handle_datagram_bytes(&mut self, now: Instant, src: SocketAddr, datagram: Bytes) {
+        self.receive(now, src, &datagram, Some(&datagram));
+    }
+
+    /// `owner`, when given, is the buffer `datagram` lives in.
+    fn receive(&mut self, now: Instant, src: SocketAddr, datagram: &[u8], owner: Option<&Bytes>) {
         self.stats.datagrams_received += 1;
         self.prune_seen(now);
         let Ok(pkt) = Packet::new_checked(datagram) else {
@@ -450,11 +469,11 @@ impl Client {
         let code = pkt.code();
         match pkt.msg_type() {
             MessageType::Ack if code.is_empty() || code.is_response() => {
-                self.on_ack(now, src, &pkt)
+                self.on_ack(now, src, &pkt, owner)
             }
             MessageType::Rst if code.is_empty() => self.on_reset(now, src, pkt.message_id()),
             MessageType::Con | MessageType::Non if code.is_response() => {
-                self.on_separate(now, src, &pkt)
+                self.on_separate(now, src, &pkt, owner)
             }
             MessageType::Con if code.is_empty() || code.is_request() => {
                 // A ping, or a request to a client that serves nothing.
@@ -470,7 +489,13 @@ impl Client {
 
     /// An ACK from `src`: empty (the request arrived, a separate response
     /// follows) or carrying the response.
-    fn on_ack(&mut self, now: Instant, src: SocketAddr, pkt: &Packet<&[u8]>) {
+    fn on_ack(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        owner: Option<&Bytes>,
+    ) {
         let Some(&id) = self.by_mid.get(&(src, pkt.message_id())) else {
             self.stats.unmatched += 1;
             return;
@@ -496,7 +521,7 @@ impl Client {
             self.timers.push(Reverse((deadline, id)));
             self.release_slot(now, src);
         } else {
-            self.complete(now, id, pkt);
+            self.complete(now, id, pkt, owner);
         }
     }
 
@@ -515,7 +540,13 @@ impl Client {
 
     /// A CON or NON from `src` carrying a response (a separate response, or
     /// the response to a NON request).
-    fn on_separate(&mut self, now: Instant, src: SocketAddr, pkt: &Packet<&[u8]>) {
+    fn on_separate(
+        &mut self,
+        now: Instant,
+        src: SocketAddr,
+        pkt: &Packet<&[u8]>,
+        owner: Option<&Bytes>,
+    ) {
         let mid = pkt.message_id();
         let con = pkt.msg_type() == MessageType::Con;
         if let Some(&(_, reply)) = self.seen.get(&(src, mid)) {
@@ -558,7 +589,7 @@ impl Client {
             // acknowledges the request implicitly (RFC 7252 5.3.2).
             self.acknowledged(now, id);
         }
-        self.complete(now, id, pkt);
+        self.complete(now, id, pkt, owner);
     }
 
     /// The message layer of CON exchange `id` is done: tell the controller
@@ -571,24 +602,37 @@ impl Client {
         }
     }
 
-    /// Ends exchange `id` with the response in `pkt`.
-    fn complete(&mut self, now: Instant, id: ExchangeId, pkt: &Packet<&[u8]>) {
+    /// Ends exchange `id` with the response in `pkt`, whose bytes live in
+    /// `owner` when given (then sliced, not copied).
+    fn complete(
+        &mut self,
+        now: Instant,
+        id: ExchangeId,
+        pkt: &Packet<&[u8]>,
+        owner: Option<&Bytes>,
+    ) {
         let Some(ex) = self.exchanges.get(&id) else {
             return;
+        };
+        let mut copied = 0;
+        let mut take = |part: &[u8]| match owner {
+            Some(b) if !part.is_empty() => b.slice_ref(part),
+            _ => {
+                copied += part.len() as u64;
+                Bytes::copy_from_slice(part)
+            }
         };
         self.stats.responses += 1;
         self.events.push_back(Event::Response {
             id,
             code: pkt.code(),
             msg_type: pkt.msg_type(),
-            options: pkt
-                .options()
-                .map(|o| (o.number, o.value.to_vec()))
-                .collect(),
-            payload: pkt.payload().to_vec(),
+            options: pkt.options().map(|o| (o.number, take(o.value))).collect(),
+            payload: take(pkt.payload()),
             rtt: now.saturating_duration_since(ex.first_tx),
             retransmissions: ex.retransmissions,
         });
+        self.stats.bytes_copied += copied;
         self.finish(now, id);
     }
 

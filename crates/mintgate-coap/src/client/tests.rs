@@ -223,8 +223,8 @@ fn piggybacked_ack_stops_retransmissions() {
             assert_eq!(*rid, id);
             assert_eq!(*code, Code::CONTENT);
             assert_eq!(*msg_type, MessageType::Ack);
-            assert_eq!(options, &vec![(OptionNumber::CONTENT_FORMAT, vec![])]);
-            assert_eq!(payload, b"hi");
+            assert_eq!(options, &vec![(OptionNumber::CONTENT_FORMAT, Bytes::new())]);
+            assert_eq!(&payload[..], b"hi");
             assert_eq!(*rtt, rto0 + secs(0.5));
             assert_eq!(*retransmissions, 1);
         }
@@ -240,6 +240,55 @@ fn piggybacked_ack_stops_retransmissions() {
             rtt: rto0 + secs(0.5),
             retransmissions: 1
         }
+    );
+}
+
+#[test]
+fn a_shared_datagram_is_sliced_not_copied() {
+    let t0 = Instant::now();
+    let (mut c, _) = client();
+    c.request(t0, server(), get(true, "a")).unwrap();
+    let req = sent(&mut c, t0).remove(0);
+    let d = Bytes::from(msg(
+        MessageType::Ack,
+        Code::CONTENT,
+        req.mid,
+        &req.token,
+        b"shared",
+    ));
+    let range = d.as_ptr_range();
+    c.handle_datagram_bytes(t0, server(), d.clone());
+    match events(&mut c).as_slice() {
+        [Event::Response {
+            options, payload, ..
+        }] => {
+            assert_eq!(&payload[..], b"shared");
+            assert!(range.contains(&payload.as_ptr()), "payload is a slice");
+            assert_eq!(options.len(), 1);
+        }
+        e => panic!("unexpected events {e:?}"),
+    }
+    assert_eq!(c.stats().bytes_copied, 0);
+
+    // the borrowed-slice entry point copies, and says so
+    c.request(t0, server(), get(true, "b")).unwrap();
+    let req = sent(&mut c, t0).remove(0);
+    c.handle_datagram(
+        t0,
+        server(),
+        &msg(
+            MessageType::Ack,
+            Code::CONTENT,
+            req.mid,
+            &req.token,
+            b"copied",
+        ),
+    );
+    assert_eq!(events(&mut c).len(), 1);
+    assert_eq!(
+        c.stats().bytes_copied,
+        6,
+        "payload; the empty option value copies nothing"
     );
 }
 
@@ -285,7 +334,7 @@ fn separate_response_after_empty_ack_is_acknowledged() {
             ..
         }] => {
             assert_eq!(*rid, id);
-            assert_eq!(payload, b"late");
+            assert_eq!(&payload[..], b"late");
             assert_eq!(*rtt, secs(12.0));
         }
         e => panic!("unexpected events {e:?}"),
@@ -432,7 +481,7 @@ fn tokens_match_responses_with_several_in_flight() {
         .map(|e| match e {
             Event::Response {
                 id, code, payload, ..
-            } => (id, code, payload),
+            } => (id, code, payload.to_vec()),
             e => panic!("unexpected {e:?}"),
         })
         .collect();

@@ -160,6 +160,7 @@ mod tests {
         let req = Request {
             peer: "127.0.0.1:1".parse().unwrap(),
             packet: &p,
+            identity: None,
         };
         let mut rb = ResponseBuilder::in_pool(pool, 1100);
         respond_block2(&req, &mut rb, body, max);

@@ -112,6 +112,7 @@ impl Rig {
         let req = Request {
             peer: peer(),
             packet: &p,
+            identity: None,
         };
         let h = process_request_blockwise(
             &self.router,

@@ -277,6 +277,7 @@ fn process_rebuilt(
     router: &Router,
     pool: &Pool,
     peer: SocketAddr,
+    identity: Option<&str>,
     datagram: &[u8],
     payload_hint: usize,
     max_payload: usize,
@@ -285,7 +286,11 @@ fn process_rebuilt(
         Ok(p) => process_request(
             router,
             pool,
-            &Request { peer, packet: &p },
+            &Request {
+                peer,
+                packet: &p,
+                identity,
+            },
             payload_hint,
             max_payload,
         ),
@@ -333,7 +338,15 @@ pub fn respond_block1(
             block1,
         ),
         Block1Outcome::Complete { datagram, block1 } => (
-            process_rebuilt(router, pool, req.peer, &datagram, payload_hint, max_payload),
+            process_rebuilt(
+                router,
+                pool,
+                req.peer,
+                req.identity,
+                &datagram,
+                payload_hint,
+                max_payload,
+            ),
             block1,
         ),
     };
@@ -373,7 +386,15 @@ pub fn process_request_blockwise(
         BlockRequest::Continuation => {
             let rebuilt = lock().continuation(now, req.peer, req.packet);
             match rebuilt {
-                Some(d) => process_rebuilt(router, pool, req.peer, &d, payload_hint, max_payload),
+                Some(d) => process_rebuilt(
+                    router,
+                    pool,
+                    req.peer,
+                    req.identity,
+                    &d,
+                    payload_hint,
+                    max_payload,
+                ),
                 None => process_request(router, pool, req, payload_hint, max_payload),
             }
         }

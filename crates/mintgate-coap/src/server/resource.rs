@@ -14,6 +14,10 @@ pub struct Request<'a> {
     pub peer: SocketAddr,
     /// The message.
     pub packet: &'a Packet<&'a [u8]>,
+    /// The authenticated identity of the sender when the request came over
+    /// a secured transport (coaps: the DTLS session's PSK identity or the
+    /// common name of the client certificate); `None` over plain CoAP.
+    pub identity: Option<&'a str>,
 }
 
 impl<'a> Request<'a> {
@@ -217,7 +221,16 @@ impl Resource {
                     let _ = write!(out, ";{k}={v}");
                 }
                 Some(v) => {
-                    let _ = write!(out, ";{k}=\"{}\"", v.replace('"', "\\\""));
+                    // quoted-string: a backslash escapes the next character,
+                    // so backslashes are escaped as well as quotes
+                    let _ = write!(out, ";{k}=\"");
+                    for c in v.chars() {
+                        if c == '"' || c == '\\' {
+                            out.push('\\');
+                        }
+                        out.push(c);
+                    }
+                    out.push('"');
                 }
             }
         }

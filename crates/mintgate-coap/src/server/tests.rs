@@ -88,6 +88,7 @@ fn answer(dgram: &[u8]) -> Option<Vec<u8>> {
     let r = Request {
         peer: peer(),
         packet: &p,
+        identity: None,
     };
     match handle_request(&router(), &pool(), &r, 0x7777, DEFAULT_MAX_PAYLOAD) {
         Answer::Send(o) => Some(o.to_vec()),
@@ -380,6 +381,7 @@ fn static_payload_is_sent_by_reference_and_inline_payload_is_copied_once() {
     let r = Request {
         peer: peer(),
         packet: &p,
+        identity: None,
     };
     let before = pool.accounting().total();
     let Answer::Send(o) = handle_request(&router(), &pool, &r, 0, DEFAULT_MAX_PAYLOAD) else {
@@ -407,6 +409,7 @@ fn static_payload_is_sent_by_reference_and_inline_payload_is_copied_once() {
     let r = Request {
         peer: peer(),
         packet: &p,
+        identity: None,
     };
     let before = pool.accounting().total();
     let Answer::Send(o) = handle_request(&router(), &pool, &r, 0, DEFAULT_MAX_PAYLOAD) else {
@@ -455,6 +458,7 @@ fn exhausted_pool_sheds() {
     let r = Request {
         peer: peer(),
         packet: &p,
+        identity: None,
     };
     assert!(matches!(
         handle_request(&router(), &pool, &r, 0, DEFAULT_MAX_PAYLOAD),
@@ -478,4 +482,18 @@ fn payload_grows_into_a_larger_block_up_to_the_limit() {
     rb.write(&[b'q'; 700]);
     let v = rb.finish(MessageType::Ack, 1, b"").unwrap().to_vec();
     assert_eq!(Packet::new_checked(&v[..]).unwrap().payload().len(), 700);
+}
+
+/// Found by the link_format fuzz target: a value ending in a backslash
+/// escaped the closing quote and ran into the next attribute.
+#[test]
+fn link_format_escapes_backslashes_and_quotes() {
+    let mut r = Router::new();
+    r.add(Resource::new("a").attr("title", "x\\").attr("rt", "q\"r"))
+        .unwrap();
+    r.add(Resource::new("b").attr("title", "plain")).unwrap();
+    assert_eq!(
+        r.well_known_core(None),
+        "</a>;title=\"x\\\\\";rt=\"q\\\"r\",</b>;title=\"plain\""
+    );
 }

@@ -46,6 +46,12 @@ impl OptionNumber {
     pub const SIZE1: OptionNumber = OptionNumber(60);
     /// No-Response (RFC 7967)
     pub const NO_RESPONSE: OptionNumber = OptionNumber(258);
+    /// mintgate's Access-Token (opaque, 1..=255 bytes): a credential for
+    /// writes. From the experimental range (RFC 7252 12.2), elective (a
+    /// server that does not know it ignores it) and unsafe to forward (a
+    /// proxy that does not know it must not pass it on). Not in the
+    /// registered definitions.
+    pub const ACCESS_TOKEN: OptionNumber = OptionNumber(65002);
 
     /// Odd numbers are critical: an endpoint that does not understand one
     /// must reject the message.

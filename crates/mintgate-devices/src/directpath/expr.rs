@@ -17,6 +17,14 @@ use crate::parse::fmt_number;
 /// Most nesting the parser accepts, and most stack a program may use.
 pub const MAX_DEPTH: usize = 48;
 
+/// Deepest tree [`parse`] accepts. The fully parenthesized [`Display`]
+/// form costs the parser up to three levels of [`MAX_DEPTH`] per tree
+/// level (`(-e)`: the group, the operator, the operand) plus one, so any
+/// tree this deep prints to text that parses back.
+///
+/// [`Display`]: fmt::Display
+pub const MAX_TREE_DEPTH: usize = (MAX_DEPTH - 1) / 3;
+
 /// Binary operators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinOp {
@@ -198,6 +206,16 @@ impl fmt::Display for Expr {
 }
 
 impl Expr {
+    /// Levels of the tree (1 for a number or `x`).
+    fn height(&self) -> usize {
+        match self {
+            Expr::Num(_) | Expr::X => 1,
+            Expr::Neg(e) | Expr::Not(e) => 1 + e.height(),
+            Expr::Bin(_, a, b) => 1 + a.height().max(b.height()),
+            Expr::Call(_, args) => 1 + args.iter().map(Expr::height).max().unwrap_or(0),
+        }
+    }
+
     /// Evaluates the tree directly (the reference the compiled program is
     /// checked against).
     pub fn eval(&self, x: f64) -> f64 {
@@ -332,6 +350,11 @@ pub fn parse(s: &str) -> Result<Expr, String> {
     };
     let e = p.or()?;
     p.ws();
+    if p.i == p.s.len() && e.height() > MAX_TREE_DEPTH {
+        return Err(format!(
+            "expression nested deeper than {MAX_TREE_DEPTH} levels"
+        ));
+    }
     if p.i != p.s.len() {
         return Err(format!(
             "unexpected `{}` at {} in `{s}`",
@@ -594,6 +617,21 @@ mod tests {
         assert_eq!(ev("7 % 4", 0.0), 3.0);
         assert_eq!(ev("1e3 + 2.5E-1", 0.0), 1000.25);
         assert!(ev("sqrt(x)", -1.0).is_nan());
+    }
+
+    /// Found by the device_links fuzz target: 16 unary minus signs parsed,
+    /// but the parenthesized form they print as was refused as too deep.
+    #[test]
+    fn whatever_parses_prints_to_text_that_parses_back() {
+        let deep = format!("{}4", "-".repeat(MAX_TREE_DEPTH - 1));
+        let e = parse(&deep).unwrap();
+        assert_eq!(parse(&e.to_string()).unwrap(), e);
+        let e = parse(&format!("{}x", "-".repeat(MAX_TREE_DEPTH - 1))).unwrap();
+        assert_eq!(parse(&e.to_string()).unwrap(), e);
+        let e = parse(&format!("{}x", "!".repeat(MAX_TREE_DEPTH - 1))).unwrap();
+        assert_eq!(parse(&e.to_string()).unwrap(), e);
+        let err = parse(&format!("{}x", "-".repeat(MAX_TREE_DEPTH))).unwrap_err();
+        assert!(err.contains("deeper"), "{err}");
     }
 
     #[test]

@@ -1,3 +1,5 @@
+// Parses outside input: no indexing that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 //! The one-line link syntax, used by the config (`directpath.links`), the
 //! `/links` CoAP resource and the Rust API:
 //!
@@ -114,12 +116,15 @@ impl fmt::Display for LinkSpec {
 fn split_arrow(s: &str) -> Result<(&str, &str), String> {
     let mut depth = 0i32;
     let b = s.as_bytes();
-    for i in 0..b.len() {
-        match b[i] {
+    for (i, c) in b.iter().enumerate() {
+        match c {
             b'(' => depth += 1,
             b')' => depth -= 1,
             b'-' if depth == 0 && b.get(i + 1) == Some(&b'>') => {
-                return Ok((&s[..i], &s[i + 2..]));
+                // `->` is ASCII: both ends are character boundaries
+                if let (Some(l), Some(r)) = (s.get(..i), s.get(i + 2..)) {
+                    return Ok((l, r));
+                }
             }
             _ => {}
         }

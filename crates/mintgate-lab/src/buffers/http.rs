@@ -22,10 +22,12 @@
 //! divided by the messages; it includes the HTTP machinery (headers, the
 //! request's state, channels), which is independent of n. `copy_bytes`:
 //! naive, each copy counted where it is made; mintgate, the bytes its own
-//! code copies (the response's payload and option values out of the
-//! datagram, [`mintgate_proxy::upstream::UpstreamStats::bytes_copied`]): the
-//! body is then handed to hyper by reference and written with the head by
-//! one vectored write; hyper's encoding of the head is not instrumented.
+//! code copies ([`mintgate_proxy::upstream::UpstreamStats::bytes_copied`]):
+//! the upstream client receives each datagram into a shared receive area
+//! and the response's payload reaches hyper as a slice of it, written with
+//! the head by one vectored write (the kernel's copies into and out of the
+//! process are not counted, on any path; hyper's encoding of the head is
+//! not instrumented).
 //! `ns_per_msg`: the client's round trip, both legs included.
 
 use std::io::{self, Read, Write};

@@ -123,6 +123,7 @@ impl App for CoapServer {
                 let req = server::Request {
                     peer: pkt.src,
                     packet: &p,
+                    identity: None,
                 };
                 let non_mid = self.next_mid;
                 self.next_mid = self.next_mid.wrapping_add(1);

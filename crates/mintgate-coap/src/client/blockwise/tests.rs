@@ -129,6 +129,7 @@ impl Srv {
         let req = SrvRequest {
             peer: "127.0.0.1:40000".parse().unwrap(),
             packet: &p,
+            identity: None,
         };
         let Handled::Respond(rb) = process_request_blockwise(
             &self.router,

@@ -1,0 +1,164 @@
+//! `[access] write = "token"` end to end: `mintgate serve` refuses CoAP
+//! writes without the Access-Token option (4.01) and HTTP writes through its
+//! proxy without the bearer token (401), counts the refusals, and takes both
+//! with the token (the proxy passes it on to its own CoAP endpoint). Reads
+//! need nothing. `write = "dtls"`: only listed DTLS identities write, over
+//! coaps; plain and HTTP writes are refused.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn token_mode_refuses_writes_without_the_token_and_counts_them() {
+    let dir = tmp_dir("access");
+    let (coap, http_port, metrics) = (free_udp(), free_tcp(), free_tcp());
+    let cfg = write_config(
+        &dir,
+        coap,
+        &format!(
+            "[proxy]\nhttp = \"127.0.0.1:{http_port}\"\n\
+             [metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
+             [access]\nwrite = \"token\"\ntokens = [\"s3cret\"]\n"
+        ),
+    );
+    let mut gw = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    let addr = format!("127.0.0.1:{coap}").parse().unwrap();
+    gw.wait_coap(addr, Duration::from_secs(20));
+    let led = format!("coap://127.0.0.1:{coap}/actuators/led0");
+
+    // CoAP: no token, a wrong one, the right one
+    let o = mintgate(&["put", &led, "-e", "1"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("4.01"), "{o:?}");
+    let o = mintgate(&["put", &led, "-e", "1", "--access-token", "wrong"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    let o = mintgate(&["put", &led, "-e", "1", "--access-token", "s3cret"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    // reads need nothing
+    let o = mintgate(&["get", &led]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1");
+    // the admin resource: a link added with the token, from loopback
+    let links = format!("coap://127.0.0.1:{coap}/links");
+    let link = "temp0 | threshold(25, 23) -> actuator(led0)";
+    let o = mintgate(&["post", &links, "-e", link]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    let o = mintgate(&["post", &links, "-e", link, "--access-token", "s3cret"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+
+    // HTTP through the proxy
+    let path = format!("/hc/coap://127.0.0.1:{coap}/actuators/led0");
+    let (st, head, _) = http(
+        http_port,
+        "PUT",
+        &path,
+        &[("Content-Type", "text/plain")],
+        b"0",
+    );
+    assert_eq!(st, 401, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{head}"
+    );
+    let (st, head, _) = http(
+        http_port,
+        "PUT",
+        &path,
+        &[
+            ("Content-Type", "text/plain"),
+            ("Authorization", "Bearer nope"),
+        ],
+        b"0",
+    );
+    assert_eq!(st, 401, "{head}");
+    let (st, head, _) = http(
+        http_port,
+        "PUT",
+        &path,
+        &[
+            ("Content-Type", "text/plain"),
+            ("Authorization", "Bearer s3cret"),
+        ],
+        b"0",
+    );
+    assert!(st == 204 || st == 200, "the token went on to CoAP: {head}");
+    let (st, _, body) = http(http_port, "GET", &path, &[], b"");
+    assert_eq!((st, body.trim()), (200, "0"));
+
+    // counted
+    let (st, _, text) = http(metrics, "GET", "/metrics", &[], b"");
+    assert_eq!(st, 200);
+    let m = |name: &str| metric(&text, name).unwrap_or_else(|| panic!("{name} missing"));
+    assert_eq!(
+        m("mintgate_access_refused_total{reason=\"no_credentials\"}"),
+        2.0
+    );
+    assert_eq!(
+        m("mintgate_access_refused_total{reason=\"bad_token\"}"),
+        1.0
+    );
+    assert_eq!(
+        m("mintgate_proxy_errors_total{reason=\"write_refused\"}"),
+        2.0
+    );
+    assert!(gw.terminate(Duration::from_secs(10)), "{}", gw.log_text());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dtls_mode_takes_listed_identities_over_coaps_only() {
+    let dir = tmp_dir("access-dtls");
+    let (coap, coaps, http_port) = (free_udp(), free_udp(), free_tcp());
+    let cfg = write_config(
+        &dir,
+        coap,
+        &format!(
+            "[proxy]\nhttp = \"127.0.0.1:{http_port}\"\n\
+             [coaps]\nbind = [\"127.0.0.1:{coaps}\"]\n\
+             psk_keys = {{ \"writer\" = \"k1\", \"reader\" = \"k2\" }}\n\
+             [access]\nwrite = \"dtls\"\nidentities = [\"writer\"]\n"
+        ),
+    );
+    let mut gw = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    gw.wait_coap(
+        format!("127.0.0.1:{coap}").parse().unwrap(),
+        Duration::from_secs(20),
+    );
+    let led = format!("coap://127.0.0.1:{coap}/actuators/led0");
+    // plain UDP carries no DTLS identity: a token does not help
+    let o = mintgate(&["put", &led, "-e", "1", "--access-token", "anything"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("4.01"), "{o:?}");
+    let path = format!("/hc/coap://127.0.0.1:{coap}/actuators/led0");
+    let (st, head, body) = http(http_port, "PUT", &path, &[], b"1");
+    assert_eq!(st, 401, "{head}");
+    assert!(body.contains("DTLS"), "{body}");
+    let (st, _, _) = http(http_port, "GET", &path, &[], b"");
+    assert_eq!(st, 200);
+
+    // over coaps: a listed identity writes, another one is refused 4.03
+    let sled = format!("coaps://127.0.0.1:{coaps}/actuators/led0");
+    let psk = |id: &str, key: &str, args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend_from_slice(&["--psk-identity", id, "--psk-key", key]);
+        mintgate(&a)
+    };
+    let o = psk("writer", "k1", &["put", &sled, "-e", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let o = psk("reader", "k2", &["put", &sled, "-e", "0"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("4.03"), "{o:?}");
+    let o = psk("reader", "k2", &["get", &sled]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "1",
+        "the refused write changed nothing"
+    );
+    assert!(gw.terminate(Duration::from_secs(10)), "{}", gw.log_text());
+    let _ = std::fs::remove_dir_all(&dir);
+}

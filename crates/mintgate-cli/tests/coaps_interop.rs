@@ -1,0 +1,325 @@
+//! coaps (CoAP over DTLS 1.2) interoperability with libcoap's OpenSSL
+//! build: `coap-client-openssl` against `mintgate serve --coaps`, and
+//! `mintgate get coaps://...` against `coap-server-openssl`, with
+//! pre-shared keys and with X.509 certificates (a throwaway CA made here).
+//! Without the libcoap programs the tests are skipped with a message,
+//! unless `MINTGATE_REQUIRE_PEERS` is set.
+
+use std::net::UdpSocket;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mintgate");
+const ID: &str = "interop-client";
+const KEY: &str = "interop-secret-17";
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn have(exe: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(exe).is_file()));
+    if !found {
+        assert!(
+            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+            "{exe} is required (MINTGATE_REQUIRE_PEERS is set) but not on PATH (Debian libcoap3-bin)"
+        );
+        eprintln!("skipping: {exe} (Debian libcoap3-bin) is not on PATH");
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn mintgate(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("MINTGATE_PSK_KEY")
+        .output()
+        .expect("run mintgate")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `mintgate serve` with a plain and a coaps listener and `extra` flags;
+/// returns it once it answers plain CoAP, with the coaps port.
+fn serve(extra: &[&str]) -> (Proc, u16) {
+    let (plain, secure) = (free_port(), free_port());
+    let log = std::env::temp_dir().join(format!("mintgate-coaps-{secure}.log"));
+    let child = Command::new(BIN)
+        .args(["serve", "--threads", "2"])
+        .args(["--coap", &format!("127.0.0.1:{plain}")])
+        .args(["--coaps", &format!("127.0.0.1:{secure}")])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start mintgate serve");
+    let mut p = Proc(child);
+    let end = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < end {
+        let o = mintgate(&[
+            "get",
+            "--timeout",
+            "300ms",
+            &format!("coap://127.0.0.1:{plain}/request"),
+        ]);
+        if o.status.success() {
+            return (p, secure);
+        }
+        if let Ok(Some(st)) = p.0.try_wait() {
+            panic!(
+                "mintgate serve exited ({st}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "mintgate serve did not come up: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+/// Runs `coap-client-openssl` (bounded by -B); returns (stdout, stderr).
+fn libcoap_client(args: &[&str], uri: &str) -> (String, String) {
+    let o = Command::new("coap-client-openssl")
+        .args(["-B", "5"])
+        .args(args)
+        .arg(uri)
+        .output()
+        .expect("run coap-client-openssl");
+    text(&o)
+}
+
+#[test]
+fn libcoap_client_gets_hello_world_from_mintgate_with_a_psk() {
+    if !have("coap-client-openssl") {
+        return;
+    }
+    let (_srv, port) = serve(&["--psk-identity", ID, "--psk-key", KEY]);
+    let uri = |p: &str| format!("coaps://127.0.0.1:{port}/{p}");
+    let (o, e) = libcoap_client(&["-u", ID, "-k", KEY, "-m", "get"], &uri("request"));
+    assert_eq!(o.trim(), "hello world", "stderr: {e}");
+    // every method, as over plain CoAP
+    let (_, e) = libcoap_client(
+        &["-u", ID, "-k", KEY, "-m", "put", "-e", "sealed"],
+        &uri("echo"),
+    );
+    assert!(!e.contains("4."), "{e}");
+    let (o, _) = libcoap_client(&["-u", ID, "-k", KEY, "-m", "get"], &uri("echo"));
+    assert_eq!(o.trim(), "sealed");
+    // NON over DTLS
+    let (o, _) = libcoap_client(&["-N", "-u", ID, "-k", KEY, "-m", "get"], &uri("request"));
+    assert_eq!(o.trim(), "hello world");
+    // wrong key, unknown identity: no answer
+    for (id, key) in [(ID, "not-the-key"), ("stranger", KEY)] {
+        let (o, _) = libcoap_client(
+            &["-B", "2", "-u", id, "-k", key, "-m", "get"],
+            &uri("request"),
+        );
+        assert!(!o.contains("hello world"), "{id}/{key} got an answer");
+    }
+}
+
+#[test]
+fn mintgate_get_talks_to_libcoap_server_with_a_psk() {
+    if !have("coap-server-openssl") {
+        return;
+    }
+    // libcoap serves coaps on the port after -p
+    let mut srv = None;
+    let mut port = 0;
+    for _ in 0..5 {
+        let p = free_port();
+        if UdpSocket::bind(("127.0.0.1", p + 1)).is_err() {
+            continue;
+        }
+        let child = Command::new("coap-server-openssl")
+            .args(["-A", "127.0.0.1", "-p", &p.to_string(), "-k", KEY])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start coap-server-openssl");
+        srv = Some(Proc(child));
+        port = p + 1;
+        break;
+    }
+    let _srv = srv.expect("a free port pair");
+    let uri = format!("coaps://127.0.0.1:{port}/");
+    // wait for it to come up
+    let end = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let o = mintgate(&[
+            "get",
+            "-v",
+            "--timeout",
+            "2s",
+            "--psk-identity",
+            ID,
+            "--psk-key",
+            KEY,
+            &uri,
+        ]);
+        if o.status.success() || Instant::now() > end {
+            break o;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "stdout {o} stderr {e}");
+    assert!(o.contains("libcoap"), "{o}");
+    // RFC 7252's mandatory PSK suite is what the two agree on
+    assert!(e.contains("PSK-AES128-CCM8"), "{e}");
+    // a second request, to another of its resources, on a new session
+    let t = mintgate(&[
+        "get",
+        "--psk-identity",
+        ID,
+        "--psk-key",
+        KEY,
+        &format!("coaps://127.0.0.1:{port}/time"),
+    ]);
+    assert!(t.status.success(), "{:?}", text(&t));
+    // a wrong key is a clear failure with its own exit status
+    let bad = mintgate(&[
+        "get",
+        "--timeout",
+        "3s",
+        "--psk-identity",
+        ID,
+        "--psk-key",
+        "wrong",
+        &uri,
+    ]);
+    let (_, e) = text(&bad);
+    assert_eq!(bad.status.code(), Some(7), "{e}");
+    assert!(e.contains("wrong pre-shared key"), "{e}");
+}
+
+fn pki() -> (mintgate_dtls::pki::TestPki, PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "mintgate-coaps-pki-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    (
+        mintgate_dtls::pki::generate(&dir, "field-unit-9").expect("test PKI"),
+        dir,
+    )
+}
+
+#[test]
+fn certificates_both_ways_mintgate_and_libcoap() {
+    let (pki, dir) = pki();
+    let s = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    let (ca, cert, key) = (s(&pki.ca), s(&pki.server_cert), s(&pki.server_key));
+    let (ccert, ckey) = (s(&pki.client_cert), s(&pki.client_key));
+    let (_srv, port) = serve(&[
+        "--coaps-cert",
+        &cert,
+        "--coaps-key",
+        &key,
+        "--coaps-client-ca",
+        &ca,
+    ]);
+    let uri = format!("coaps://127.0.0.1:{port}/request");
+    let ok = mintgate(&[
+        "get",
+        "-v",
+        "--coaps-ca",
+        &ca,
+        "--coaps-cert",
+        &ccert,
+        "--coaps-key",
+        &ckey,
+        &uri,
+    ]);
+    let (o, e) = text(&ok);
+    assert!(ok.status.success(), "{o} {e}");
+    assert_eq!(o.trim(), "hello world");
+    assert!(e.contains("ECDHE-ECDSA-AES128-CCM8"), "{e}");
+    // no client certificate: refused
+    let no = mintgate(&["get", "--timeout", "3s", "--coaps-ca", &ca, &uri]);
+    assert_eq!(no.status.code(), Some(7), "{:?}", text(&no));
+    // a host name is checked against the subjectAltName too (localhost is
+    // in it; a name that is not fails in mintgate-dtls' own tests)
+    let by_name = mintgate(&[
+        "get",
+        "--timeout",
+        "3s",
+        "--coaps-ca",
+        &ca,
+        "--coaps-cert",
+        &ccert,
+        "--coaps-key",
+        &ckey,
+        &uri.replace("127.0.0.1", "localhost"),
+    ]);
+    assert!(by_name.status.success(), "{:?}", text(&by_name));
+    if have("coap-client-openssl") {
+        let (o, e) = libcoap_client(&["-C", &ca, "-c", &ccert, "-j", &ckey, "-m", "get"], &uri);
+        assert_eq!(o.trim(), "hello world", "stderr: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn lab_dtls_measures_both_transports_briefly() {
+    let o = Command::new(BIN)
+        .args([
+            "lab",
+            "dtls",
+            "--secs",
+            "0.3",
+            "--sessions",
+            "2",
+            "--window",
+            "4",
+        ])
+        .output()
+        .expect("run mintgate lab dtls");
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out} {err}");
+    for want in [
+        "PSK-AES128-CCM8",
+        "ECDHE-ECDSA-AES128-CCM8",
+        "coaps/coap throughput",
+    ] {
+        assert!(out.contains(want), "{want} missing: {out}");
+    }
+    // every figure is a positive rate
+    let rate = |row: &str| -> f64 {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(row))
+            .unwrap_or_else(|| panic!("no {row} row: {out}"));
+        line.split_whitespace()
+            .find_map(|w| w.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no figure in {line}"))
+    };
+    for row in ["psk ", "certificate ", "coap ", "coaps "] {
+        assert!(rate(row) > 0.0, "{row}: {out}");
+    }
+}

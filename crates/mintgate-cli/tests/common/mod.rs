@@ -1,0 +1,208 @@
+//! Helpers shared by the tests that run `mintgate serve` as a process
+//! (access.rs, faults.rs, listeners.rs).
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_mintgate");
+
+pub fn free_udp() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn free_tcp() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A fresh, empty folder under the temporary directory.
+pub fn tmp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mintgate-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Writes `DIR/gw.toml`: CoAP on 127.0.0.1:`coap`, then `rest`.
+pub fn write_config(dir: &Path, coap: u16, rest: &str) -> PathBuf {
+    let p = dir.join("gw.toml");
+    std::fs::write(&p, format!("[coap]\nbind = [\"127.0.0.1:{coap}\"]\n{rest}")).unwrap();
+    p
+}
+
+/// A `mintgate serve` child, killed (SIGKILL) on drop.
+pub struct Serve {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Serve {
+    /// Starts `mintgate serve -c config` with its log in `log`.
+    pub fn start(config: &Path, log: &Path, extra: &[&str]) -> Serve {
+        let child = Command::new(BIN)
+            .args(["--log", "info", "serve", "-c"])
+            .arg(config)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("start mintgate serve");
+        Serve {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until GET /request on `coap` is answered; panics with the log
+    /// if the process exits or `limit` passes first.
+    pub fn wait_coap(&mut self, coap: SocketAddr, limit: Duration) {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("serve exited ({st}) early:\n{}", self.log_text());
+            }
+            if coap_get(coap, "request").is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "serve did not answer within {limit:?}:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// Waits until the log holds `needle`; panics with the log otherwise.
+    pub fn wait_log(&mut self, needle: &str, limit: Duration) {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if self.log_text().contains(needle) {
+                return;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("serve exited ({st}) early:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "no {needle:?} in the log within {limit:?}:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// SIGKILL, and reaps it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM; true when it exited cleanly within `limit`.
+    pub fn terminate(&mut self, limit: Duration) -> bool {
+        // SAFETY: signalling our own child by its pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One CON GET of `path` (a single segment or `a/b`); the payload of a
+/// 2.xx answer.
+pub fn coap_get(to: SocketAddr, path: &str) -> Option<Vec<u8>> {
+    let s = UdpSocket::bind("127.0.0.1:0").ok()?;
+    s.connect(to).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    let mut m = vec![0x42, 0x01, 0x12, 0x34, 0xAB, 0xCD];
+    let mut last = 0u8;
+    for seg in path.split('/') {
+        let delta = 11 - last;
+        last = 11;
+        assert!(seg.len() < 13, "short segments only");
+        m.push((delta << 4) | seg.len() as u8);
+        m.extend_from_slice(seg.as_bytes());
+    }
+    s.send(&m).ok()?;
+    let mut b = [0u8; 2048];
+    let n = s.recv(&mut b).ok()?;
+    let code = b[1];
+    if n < 4 || code >> 5 != 2 {
+        return None;
+    }
+    let pl = b[..n].iter().position(|&x| x == 0xFF).map(|i| i + 1)?;
+    Some(b[pl..n].to_vec())
+}
+
+/// Runs `mintgate ARGS`.
+pub fn mintgate(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run mintgate")
+}
+
+/// One HTTP/1.1 request with `Connection: close`; (status, head, body).
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// The value of the Prometheus sample `name` (with its labels, as written).
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} "))?.trim().parse().ok())
+}

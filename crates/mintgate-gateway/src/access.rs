@@ -1,0 +1,382 @@
+//! Who may write: the `[access]` policy for requests that change state
+//! (PUT, POST, DELETE, PATCH, iPATCH) on the gateway's CoAP resources and
+//! links.
+//!
+//! | `access.write` | a CoAP write is allowed when it carries |
+//! |---|---|
+//! | `"open"` (default) | nothing |
+//! | `"token"` | an Access-Token option ([`ACCESS_TOKEN`]) equal to one of `access.tokens` |
+//! | `"dtls"` | a DTLS identity (the peer authenticated by the coaps listener), one of `access.identities` when that list is not empty |
+//!
+//! Whatever the mode, a write to an admin resource ([`ADMIN_PATHS`]: the
+//! direct path's `/links`) from a source that is not on loopback is refused
+//! unless `access.admin_remote` is set or the write was authenticated (a
+//! valid token or DTLS identity). Refusals are answered 4.01 Unauthorized
+//! (no or wrong credentials) or 4.03 Forbidden (an admin write from the
+//! network, a DTLS identity not in the list), and counted by reason
+//! (`mintgate_access_refused_total`). Reads are never checked.
+//!
+//! The HTTP proxy applies the same policy to HTTP writes (a bearer token in
+//! `Authorization`, 401 otherwise) and passes the token on to the gateway's
+//! own CoAP endpoint in the Access-Token option.
+//!
+//! [`AccessPolicy::check`] takes the DTLS identity as an `Option`: requests
+//! that arrived over plain UDP have none.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use mintgate_coap::server::{Request, ResponseBuilder};
+use mintgate_coap::wire::{Code, ContentFormat, OptionNumber};
+use serde::{Deserialize, Serialize};
+
+/// The CoAP option carrying an access token: number 65002, from the
+/// experimental range (RFC 7252 12.2), elective (a server that does not know
+/// it ignores it) and unsafe to forward (a proxy that does not know it must
+/// not pass the credential on). Opaque, 1..=255 bytes.
+pub const ACCESS_TOKEN: OptionNumber = OptionNumber::ACCESS_TOKEN;
+
+/// Resources whose writes administer the gateway (first path segment).
+pub const ADMIN_PATHS: &[&str] = &["links"];
+
+/// `access.write`: what a write must carry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteMode {
+    /// Nothing (admin writes from loopback only, see `admin_remote`).
+    #[default]
+    Open,
+    /// A token: CoAP Access-Token option, HTTP bearer token.
+    Token,
+    /// A DTLS identity (coaps only; HTTP writes are refused).
+    Dtls,
+}
+
+/// `[access]`: who may write.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessSection {
+    /// What a write must carry: `"open"`, `"token"` or `"dtls"`.
+    pub write: WriteMode,
+    /// Tokens accepted for writes (`write = "token"`).
+    pub tokens: Vec<String>,
+    /// DTLS identities (PSK identity or certificate subject) allowed to
+    /// write (`write = "dtls"`); empty = any authenticated peer.
+    pub identities: Vec<String>,
+    /// Let unauthenticated writes to admin resources (`/links`) come from
+    /// sources that are not on loopback.
+    pub admin_remote: bool,
+}
+
+impl AccessSection {
+    /// Checks the keys.
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+        let v = |key, why: String| Err(crate::config::ConfigError::Value { key, why });
+        if self.write == WriteMode::Token && self.tokens.is_empty() {
+            return v(
+                "access.tokens",
+                "write = \"token\" needs at least one token".into(),
+            );
+        }
+        if let Some(t) = self
+            .tokens
+            .iter()
+            .find(|t| t.is_empty() || t.len() > 255 || t.chars().any(char::is_whitespace))
+        {
+            return v(
+                "access.tokens",
+                format!(
+                    "a token must be 1..=255 bytes without spaces (one is {} bytes)",
+                    t.len()
+                ),
+            );
+        }
+        if self.identities.iter().any(String::is_empty) {
+            return v("access.identities", "an identity may not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// Whether `presented` is one of the tokens, compared in constant time
+    /// per candidate (no early exit on the first differing byte).
+    pub fn token_ok(&self, presented: &[u8]) -> bool {
+        self.tokens
+            .iter()
+            .fold(false, |ok, t| ok | ct_eq(t.as_bytes(), presented))
+    }
+}
+
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// Why a write was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No token or identity where one is needed.
+    NoCredentials,
+    /// A token that is not one of `access.tokens`.
+    BadToken,
+    /// A DTLS identity not in `access.identities`.
+    UnknownIdentity,
+    /// An unauthenticated admin write from a source not on loopback.
+    NotLoopback,
+}
+
+impl Refusal {
+    /// Every reason, for the metrics.
+    pub const ALL: [Refusal; 4] = [
+        Refusal::NoCredentials,
+        Refusal::BadToken,
+        Refusal::UnknownIdentity,
+        Refusal::NotLoopback,
+    ];
+
+    /// The label of `mintgate_access_refused_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::NoCredentials => "no_credentials",
+            Refusal::BadToken => "bad_token",
+            Refusal::UnknownIdentity => "unknown_identity",
+            Refusal::NotLoopback => "admin_not_loopback",
+        }
+    }
+
+    /// The CoAP answer: 4.01 when credentials would help, 4.03 when not.
+    pub fn code(self) -> Code {
+        match self {
+            Refusal::NoCredentials | Refusal::BadToken => Code::UNAUTHORIZED,
+            Refusal::UnknownIdentity | Refusal::NotLoopback => Code::FORBIDDEN,
+        }
+    }
+
+    fn why(self, mode: WriteMode) -> &'static str {
+        match (self, mode) {
+            (Refusal::NoCredentials, WriteMode::Dtls) => "writes need a DTLS identity (coaps)",
+            (Refusal::NoCredentials, _) => "writes need an Access-Token option (65002)",
+            (Refusal::BadToken, _) => "the access token is not valid",
+            (Refusal::UnknownIdentity, _) => "this DTLS identity may not write",
+            (Refusal::NotLoopback, _) => "admin writes are taken from loopback only",
+        }
+    }
+}
+
+/// Is `code` a method that changes state?
+pub fn is_write(code: Code) -> bool {
+    matches!(
+        code,
+        Code::PUT | Code::POST | Code::DELETE | Code::PATCH | Code::IPATCH
+    )
+}
+
+/// The write policy in force, with its refusal counters.
+#[derive(Debug, Default)]
+pub struct AccessPolicy {
+    cfg: AccessSection,
+    refused: [AtomicU64; 4],
+}
+
+impl AccessPolicy {
+    /// The policy of `[access]`.
+    pub fn new(cfg: AccessSection) -> AccessPolicy {
+        AccessPolicy {
+            cfg,
+            refused: Default::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AccessSection {
+        &self.cfg
+    }
+
+    /// Decides a write from `peer` to a resource (`admin`: one of
+    /// [`ADMIN_PATHS`]) carrying `token` (the Access-Token option) and,
+    /// when it came over DTLS, the peer's `identity`. Does not count.
+    pub fn decide(
+        &self,
+        peer: IpAddr,
+        admin: bool,
+        token: Option<&[u8]>,
+        identity: Option<&str>,
+    ) -> Result<(), Refusal> {
+        let authenticated = match self.cfg.write {
+            WriteMode::Open => false,
+            WriteMode::Token => match token {
+                None => return Err(Refusal::NoCredentials),
+                Some(t) if !self.cfg.token_ok(t) => return Err(Refusal::BadToken),
+                Some(_) => true,
+            },
+            WriteMode::Dtls => match identity {
+                None => return Err(Refusal::NoCredentials),
+                Some(id)
+                    if !self.cfg.identities.is_empty()
+                        && !self.cfg.identities.iter().any(|i| i == id) =>
+                {
+                    return Err(Refusal::UnknownIdentity)
+                }
+                Some(_) => true,
+            },
+        };
+        if admin && !authenticated && !self.cfg.admin_remote && !peer.to_canonical().is_loopback() {
+            return Err(Refusal::NotLoopback);
+        }
+        Ok(())
+    }
+
+    /// Checks a CoAP request: reads pass; a write is decided by
+    /// [`decide`](Self::decide) and a refusal counted.
+    pub fn check(&self, req: &Request<'_>, identity: Option<&str>) -> Result<(), Refusal> {
+        let p = req.packet;
+        if !is_write(p.code()) {
+            return Ok(());
+        }
+        let admin = p
+            .options()
+            .find(|o| o.number == OptionNumber::URI_PATH)
+            .is_some_and(|o| ADMIN_PATHS.iter().any(|a| a.as_bytes() == o.value));
+        let token = p
+            .options()
+            .find(|o| o.number == ACCESS_TOKEN)
+            .map(|o| o.value);
+        let r = self.decide(req.peer.ip(), admin, token, identity);
+        if let Err(why) = r {
+            self.count(why);
+        }
+        r
+    }
+
+    /// Counts a refusal made elsewhere.
+    pub fn count(&self, why: Refusal) {
+        let i = Refusal::ALL.iter().position(|r| *r == why).unwrap_or(0);
+        self.refused[i].fetch_add(1, Relaxed);
+    }
+
+    /// Refusals so far for `why`.
+    pub fn refused(&self, why: Refusal) -> u64 {
+        let i = Refusal::ALL.iter().position(|r| *r == why).unwrap_or(0);
+        self.refused[i].load(Relaxed)
+    }
+
+    /// Writes the refusal's answer into `rb`.
+    pub fn answer(&self, why: Refusal, rb: &mut ResponseBuilder) {
+        rb.set_code(why.code())
+            .content_format(ContentFormat::TEXT_PLAIN)
+            .write(why.why(self.cfg.write).as_bytes());
+    }
+
+    /// `mintgate_access_refused_total` in the Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "# HELP mintgate_access_refused_total CoAP writes refused by the [access] policy, by reason.\n\
+             # TYPE mintgate_access_refused_total counter"
+        );
+        for r in Refusal::ALL {
+            let _ = writeln!(
+                out,
+                "mintgate_access_refused_total{{reason=\"{}\"}} {}",
+                r.label(),
+                self.refused(r)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(write: WriteMode) -> AccessPolicy {
+        AccessPolicy::new(AccessSection {
+            write,
+            tokens: vec!["s3cret".into(), "other".into()],
+            identities: vec!["sensor-1".into()],
+            admin_remote: false,
+        })
+    }
+
+    #[test]
+    fn modes_decide_as_documented() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let lan: IpAddr = "192.0.2.7".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let open = policy(WriteMode::Open);
+        assert_eq!(open.decide(lan, false, None, None), Ok(()));
+        assert_eq!(open.decide(lo, true, None, None), Ok(()));
+        assert_eq!(open.decide(mapped, true, None, None), Ok(()));
+        assert_eq!(
+            open.decide(lan, true, Some(b"s3cret"), None),
+            Err(Refusal::NotLoopback),
+            "open mode knows no tokens"
+        );
+        let tok = policy(WriteMode::Token);
+        assert_eq!(
+            tok.decide(lo, false, None, None),
+            Err(Refusal::NoCredentials)
+        );
+        assert_eq!(
+            tok.decide(lo, false, Some(b"s3cre"), None),
+            Err(Refusal::BadToken)
+        );
+        assert_eq!(tok.decide(lan, true, Some(b"other"), None), Ok(()));
+        assert_eq!(
+            tok.decide(lan, false, None, Some("sensor-1")),
+            Err(Refusal::NoCredentials),
+            "token mode wants the token"
+        );
+        let dtls = policy(WriteMode::Dtls);
+        assert_eq!(
+            dtls.decide(lo, false, Some(b"s3cret"), None),
+            Err(Refusal::NoCredentials)
+        );
+        assert_eq!(dtls.decide(lan, true, None, Some("sensor-1")), Ok(()));
+        assert_eq!(
+            dtls.decide(lan, false, None, Some("sensor-2")),
+            Err(Refusal::UnknownIdentity)
+        );
+        let mut any = policy(WriteMode::Dtls).cfg;
+        any.identities.clear();
+        assert_eq!(
+            AccessPolicy::new(any).decide(lan, false, None, Some("anyone")),
+            Ok(())
+        );
+        let mut remote = policy(WriteMode::Open).cfg;
+        remote.admin_remote = true;
+        assert_eq!(
+            AccessPolicy::new(remote).decide(lan, true, None, None),
+            Ok(())
+        );
+        assert_eq!(Refusal::BadToken.code(), Code::UNAUTHORIZED);
+        assert_eq!(Refusal::NotLoopback.code(), Code::FORBIDDEN);
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let mut s = AccessSection {
+            write: WriteMode::Token,
+            ..Default::default()
+        };
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("access.tokens"));
+        s.tokens = vec!["a b".into()];
+        assert!(s.validate().is_err());
+        s.tokens = vec!["x".repeat(256)];
+        assert!(s.validate().is_err());
+        s.tokens = vec!["ok".into()];
+        s.validate().unwrap();
+        s.identities = vec![String::new()];
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("access.identities"));
+    }
+}

@@ -1,0 +1,174 @@
+//! coaps (CoAP over DTLS 1.2, RFC 7252 section 9): the `[coaps]` section
+//! and its listeners' metrics. The sessions themselves are
+//! [`mintgate_dtls::DtlsServer`]s; the pipeline ([`crate::pipeline`])
+//! decrypts what a coaps listener receives, queues the CoAP requests like
+//! any other (same HTP queue, handler pool and router), and encrypts the
+//! answers back to the session. Handlers see the peer's DTLS identity in
+//! [`mintgate_coap::server::Request::identity`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mintgate_dtls::{parse_key, CertFiles, DtlsStats, Psk, ServerSettings};
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+
+/// `[coaps]`: CoAP over DTLS listeners. Off while `bind` is empty.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoapsSection {
+    /// UDP addresses to serve coaps on (usually port 5684).
+    pub bind: Vec<SocketAddr>,
+    /// PSK identity of the pre-shared key `psk_key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psk_identity: Option<String>,
+    /// The pre-shared key: text, or `0x` and hex digits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psk_key: Option<String>,
+    /// More identities and their keys (`identity = "key"`).
+    pub psk_keys: BTreeMap<String, String>,
+    /// PEM certificate chain of the server (certificate mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<PathBuf>,
+    /// PEM CA certificates that client certificates must chain to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: refuse clients without a valid certificate.
+    pub require_client_cert: bool,
+    /// Largest datagram the server's records may take.
+    pub mtu: u32,
+    /// Most DTLS sessions at once per listener.
+    pub max_sessions: usize,
+    /// Seconds without traffic after which a session is dropped.
+    pub idle_timeout_s: u64,
+    /// Seconds a handshake may take.
+    pub handshake_timeout_s: u64,
+}
+
+impl Default for CoapsSection {
+    fn default() -> Self {
+        CoapsSection {
+            bind: Vec::new(),
+            psk_identity: None,
+            psk_key: None,
+            psk_keys: BTreeMap::new(),
+            cert: None,
+            key: None,
+            client_ca: None,
+            require_client_cert: true,
+            mtu: mintgate_dtls::DEFAULT_MTU,
+            max_sessions: 1024,
+            idle_timeout_s: 300,
+            handshake_timeout_s: 10,
+        }
+    }
+}
+
+impl CoapsSection {
+    /// Whether any coaps listener is configured.
+    pub fn enabled(&self) -> bool {
+        !self.bind.is_empty()
+    }
+
+    /// The DTLS server settings; checks every key.
+    pub fn settings(&self) -> Result<ServerSettings, ConfigError> {
+        let v = |key, why: String| ConfigError::Value { key, why };
+        let mut psk = Vec::new();
+        match (&self.psk_identity, &self.psk_key) {
+            (Some(id), Some(k)) => {
+                let key = parse_key(k).map_err(|e| v("coaps.psk_key", e.to_string()))?;
+                psk.push(Psk::new(id, key).map_err(|e| v("coaps.psk_identity", e.to_string()))?);
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(v(
+                    "coaps.psk_key",
+                    "psk_identity is set but psk_key is not".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(v(
+                    "coaps.psk_identity",
+                    "psk_key is set but psk_identity is not".into(),
+                ))
+            }
+        }
+        for (id, k) in &self.psk_keys {
+            let key = parse_key(k).map_err(|e| v("coaps.psk_keys", format!("{id}: {e}")))?;
+            psk.push(Psk::new(id, key).map_err(|e| v("coaps.psk_keys", format!("{id}: {e}")))?);
+        }
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(v(
+                "coaps.cert",
+                "cert and key must be given together".into(),
+            ));
+        }
+        if self.enabled() && psk.is_empty() && self.cert.is_none() {
+            return Err(v(
+                "coaps",
+                "a coaps listener needs a pre-shared key (psk_identity and psk_key, or \
+                 psk_keys) or a certificate (cert and key)"
+                    .into(),
+            ));
+        }
+        if !(256..=65507).contains(&self.mtu) {
+            return Err(v(
+                "coaps.mtu",
+                format!("{} is outside 256..=65507", self.mtu),
+            ));
+        }
+        if !(1..=1 << 20).contains(&self.max_sessions) {
+            return Err(v(
+                "coaps.max_sessions",
+                format!("{} is outside 1..=1048576", self.max_sessions),
+            ));
+        }
+        if self.idle_timeout_s == 0 || self.handshake_timeout_s == 0 {
+            return Err(v(
+                "coaps.idle_timeout_s",
+                "idle_timeout_s and handshake_timeout_s must be at least 1".into(),
+            ));
+        }
+        Ok(ServerSettings {
+            psk,
+            certs: CertFiles {
+                chain: self.cert.clone(),
+                key: self.key.clone(),
+                ca: self.client_ca.clone(),
+            },
+            require_client_cert: self.require_client_cert,
+            mtu: self.mtu,
+            max_sessions: self.max_sessions,
+            idle_timeout: Duration::from_secs(self.idle_timeout_s),
+            handshake_timeout: Duration::from_secs(self.handshake_timeout_s),
+        })
+    }
+}
+
+/// Appends the counters of the coaps listeners (summed) in the Prometheus
+/// text format, as `mintgate_coaps_*`.
+pub fn render_metrics(stats: &[&DtlsStats], out: &mut String) {
+    use std::fmt::Write as _;
+    let Some(first) = stats.first() else {
+        return;
+    };
+    let mut fields = first.fields();
+    for s in &stats[1..] {
+        for (f, (_, _, v, _)) in fields.iter_mut().zip(s.fields()) {
+            f.2 += v;
+        }
+    }
+    for (name, help, v, counter) in fields {
+        let kind = if counter { "counter" } else { "gauge" };
+        let _ = writeln!(
+            out,
+            "# HELP mintgate_coaps_{name} {help}\n# TYPE mintgate_coaps_{name} {kind}\nmintgate_coaps_{name} {v}"
+        );
+    }
+}

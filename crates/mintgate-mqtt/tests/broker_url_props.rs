@@ -1,0 +1,22 @@
+//! Properties of broker URLs (`mqtt://HOST[:PORT]`, `mqtt5://...`): total
+//! on any text; what is accepted prints and parses back the same.
+
+use mintgate_mqtt::BrokerUrl;
+use proptest::prelude::*;
+
+proptest! {
+    #[test]
+    fn broker_urls_round_trip(s in "(mqtt5?|tcp|http)://(\\[[0-9a-f:]{0,12}\\]|[a-z0-9.-]{0,12})(:[0-9]{0,6})?/?") {
+        if let Ok(u) = s.parse::<BrokerUrl>() {
+            let back = u.to_string();
+            prop_assert_eq!(back.parse::<BrokerUrl>(), Ok(u), "{} -> {}", s, back);
+        }
+    }
+
+    #[test]
+    fn any_text_parses_or_says_why(s in "[ -~]{0,40}") {
+        if let Err(e) = s.parse::<BrokerUrl>() {
+            prop_assert!(!e.is_empty());
+        }
+    }
+}
