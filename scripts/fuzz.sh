@@ -5,6 +5,10 @@
 #   SECONDS_PER_TARGET  libFuzzer -max_total_time for each target (default 30)
 #   TARGET...           targets to run (default: all, from `cargo fuzz list`)
 #
+# MINTGATE_FUZZ_DEV=1 builds the targets in cargo's dev profile (no
+# optimisation: about half the build time, fewer executions per second);
+# the test suite's short smoke run uses it, long runs should not.
+#
 # Toolchain: nightly when installed (AddressSanitizer, the cargo-fuzz
 # default); otherwise the default toolchain with `--sanitizer none` if that
 # builds. When no fuzzing is possible at all, prints SKIPPED and exits 0,
@@ -54,6 +58,9 @@ mkdir -p "$LOG_DIR"
 # --- toolchain ---------------------------------------------------------------
 TC=()        # e.g. (+nightly)
 SAN=()       # e.g. (--sanitizer none)
+if [ -n "${MINTGATE_FUZZ_DEV:-}" ]; then
+    SAN+=(--dev)
+fi
 MODE=""
 if command -v rustup >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     TC=(+nightly)
@@ -62,8 +69,8 @@ elif rustc --version 2>/dev/null | grep -q nightly; then
     MODE="default toolchain (nightly), AddressSanitizer"
 else
     echo "fuzz: no nightly toolchain; trying the default toolchain with --sanitizer none" >&2
-    if (cd "$ROOT" && cargo fuzz build --fuzz-dir "$FUZZ_DIR" --sanitizer none) >"$LOG_DIR/build-stable.log" 2>&1; then
-        SAN=(--sanitizer none)
+    if (cd "$ROOT" && cargo fuzz build --fuzz-dir "$FUZZ_DIR" "${SAN[@]}" --sanitizer none) >"$LOG_DIR/build-stable.log" 2>&1; then
+        SAN+=(--sanitizer none)
         MODE="$(rustc --version 2>/dev/null | cut -d' ' -f1-2), no sanitizer"
     else
         tail -20 "$LOG_DIR/build-stable.log" >&2
@@ -109,6 +116,7 @@ if [ ${#nocorpus[@]} -gt 0 ]; then
     echo "fuzz: warning: no committed corpus for: ${nocorpus[*]}" >&2
 fi
 
+[ -n "${MINTGATE_FUZZ_DEV:-}" ] && MODE="$MODE, dev profile"
 echo "fuzz: $MODE; ${SECS}s per target; targets: ${TARGETS[*]}" >&2
 if ! fuzz build "${SAN[@]}" >"$LOG_DIR/build.log" 2>&1; then
     tail -30 "$LOG_DIR/build.log" >&2
