@@ -133,9 +133,10 @@ enum Lab {
         out: OutArgs,
     },
     /// `mintgate serve` (fixed:2 handler threads, 1 ms blocking handler) at
-    /// ten times its closed-loop capacity: open loop, 10 NON GETs/s per
-    /// client from 127.0.0.1 for 60 s (--quick 30 s), while a probe sends a
-    /// CON GET each second from 127.0.0.2. Targets: every probe answered
+    /// ten times its closed-loop capacity (11x asked for, at least 10x read
+    /// by the gateway): open loop, 10 NON GETs/s per client from 127.0.0.1
+    /// for 60 s (--quick 30 s), while a probe sends a CON GET each second
+    /// from 127.0.0.2. Targets: offered >= 10x, every probe answered
     /// 2.05 within its first two RFC 7252 retransmissions (14 s), every
     /// datagram handled or counted shed, VmRSS under --rss-limit and not
     /// growing. Writes `overload.csv` (per second: offered, handled, shed,

@@ -11,15 +11,17 @@
 //!    hold half of it: `pipeline.peer_queue_share`).
 //! 2. Capacity: the answers/s of a closed-loop load (64 clients x 8).
 //! 3. Overload: open loop, NON GETs, 10 requests/s per client (the paper's
-//!    rate) from `10 x capacity / 10` clients, for 60 s (`--quick`: 30 s).
+//!    rate) from `11 x capacity / 10` clients, for 60 s (`--quick`: 30 s):
+//!    11x asked for, so that what reaches the gateway is at least 10x
+//!    after the generator's pacing and the kernel's socket buffer.
 //!    The load generator's clients all send from 127.0.0.1.
 //! 4. Meanwhile a probe sends a CON GET every second from 127.0.0.2
 //!    ([`mintgate_loadgen::probe`]), and every second the gateway's
 //!    counters (`/metrics`) and VmRSS (`/proc/PID/status`) are read.
 //!
 //! Targets (each printed as met / NOT met):
-//! - the offered load was at least 9 x capacity (10 x asked for; the rest
-//!   is the generator's pacing on a shared machine);
+//! - the offered load, counted as the datagrams the gateway read, was at
+//!   least 10 x capacity;
 //! - every probe answered 2.05 within its first two retransmissions: RFC
 //!   7252 timing with ACK_TIMEOUT = 2 s and ACK_RANDOM_FACTOR = 1
 //!   (retransmissions at 2 s and 6 s), so before the third would be due,
@@ -51,11 +53,12 @@ use crate::footprint::{
 use crate::{line, LabOptions, Summary};
 
 /// How many times capacity is offered.
-pub const OVERLOAD_FACTOR: f64 = 10.0;
+pub const OVERLOAD_FACTOR: f64 = 11.0;
 /// Requests/s per client in the overload (the paper's rate).
 const RATE: f64 = 10.0;
-/// The least offered/capacity ratio that counts as "ten times".
-const FACTOR_TARGET: f64 = 9.0;
+/// The least offered/capacity ratio, as the gateway read it, that counts as
+/// "ten times" (the target).
+const FACTOR_TARGET: f64 = 10.0;
 
 /// One second of the overload.
 #[derive(Clone, Debug, Default)]
@@ -355,7 +358,7 @@ pub fn lab_overload(
     let mut verdict = |ok: bool, what: String| crate::target_line(&mut t, &mut met, ok, &what);
     verdict(
         factor >= FACTOR_TARGET,
-        format!("offered load {factor:.1}x capacity (>= {FACTOR_TARGET}x; 10x asked for)"),
+        format!("offered load {factor:.1}x capacity, as read by the gateway (>= {FACTOR_TARGET}x; {OVERLOAD_FACTOR}x asked for)"),
     );
     verdict(
         !probes.is_empty() && probes.iter().all(|p| p.ok() && p.latency.is_some_and(|l| l < deadline)),
