@@ -12,7 +12,6 @@ static ALLOC: mintgate_buf::heap::CountingAlloc = mintgate_buf::heap::CountingAl
 
 mod bench;
 mod client;
-mod dtls_lab;
 mod http;
 mod lab;
 mod mqtt;

@@ -287,17 +287,11 @@ fn certificates_both_ways_mintgate_and_libcoap() {
 
 #[test]
 fn lab_dtls_measures_both_transports_briefly() {
+    let dir = std::env::temp_dir().join(format!("mintgate-lab-dtls-test-{}", std::process::id()));
     let o = Command::new(BIN)
-        .args([
-            "lab",
-            "dtls",
-            "--secs",
-            "0.3",
-            "--sessions",
-            "2",
-            "--window",
-            "4",
-        ])
+        .args(["lab", "dtls", "--duration", "300ms", "--sessions", "2"])
+        .args(["--window", "4", "--out"])
+        .arg(&dir)
         .output()
         .expect("run mintgate lab dtls");
     let (out, err) = text(&o);
@@ -322,4 +316,20 @@ fn lab_dtls_measures_both_transports_briefly() {
     for row in ["psk ", "certificate ", "coap ", "coaps "] {
         assert!(rate(row) > 0.0, "{row}: {out}");
     }
+    // the CSV holds the same four measurements
+    let csv = std::fs::read_to_string(dir.join("dtls.csv")).expect("dtls.csv written");
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], "measurement,mode,rate_per_s,lost,p50_ms,detail");
+    for (i, want) in [
+        "handshake,psk,",
+        "handshake,certificate,",
+        "throughput,coap,",
+        "throughput,coaps,",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert!(rows[i + 1].starts_with(want), "row {}: {csv}", i + 1);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -291,6 +291,15 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
             run: Box::new(move || crate::lab_overload(&o, &exe, None)),
         });
     }
+    {
+        let o = o.clone();
+        jobs.push(LabJob {
+            name: "dtls",
+            paper: "issue 9: coaps cost (no paper figure)",
+            skip: None,
+            run: Box::new(move || crate::lab_dtls(&o, &crate::DtlsOptions::default())),
+        });
+    }
     jobs
 }
 
