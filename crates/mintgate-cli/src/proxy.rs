@@ -48,7 +48,7 @@ pub struct ProxyArgs {
     /// Congestion control of the upstream CoAP client (replaces proxy.congestion).
     #[arg(long, value_name = "basic|cocoa|adaptive")]
     cc: Option<Algorithm>,
-    /// Print the effective [proxy] section as TOML and exit.
+    /// Print the effective [proxy] section as TOML (tokens shown as "<redacted>") and exit.
     #[arg(long)]
     print_config: bool,
 }
@@ -290,7 +290,7 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
         proxy_config(&s, &default_allow)?;
         let mut full = cfg.clone();
         full.proxy = s;
-        print!("{}", full.to_toml());
+        print!("{}", full.to_toml_redacted());
         return Ok(ExitCode::SUCCESS);
     }
     let set = crate::serve::block_signals();

@@ -96,7 +96,7 @@ pub struct ServeArgs {
     /// mqtt.embedded_listen5, default 127.0.0.1:1884; port 0: any free port).
     #[arg(long, value_name = "ADDR")]
     mqtt_listen5: Option<SocketAddr>,
-    /// Print the effective configuration as TOML and exit.
+    /// Print the effective configuration as TOML (keys and tokens shown as "<redacted>") and exit.
     #[arg(long)]
     print_config: bool,
     /// Log the Performance Observer's last sample every this many seconds while there is traffic (0 = never).
@@ -201,7 +201,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     cfg.validate()?;
     if a.print_config {
-        print!("{}", cfg.to_toml());
+        print!("{}", cfg.to_toml_redacted());
         return Ok(ExitCode::SUCCESS);
     }
     // a read-only or full state folder is an error now, not a failed write later

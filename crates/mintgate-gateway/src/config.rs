@@ -806,6 +806,30 @@ impl Config {
         toml::to_string_pretty(self).unwrap_or_default()
     }
 
+    /// The same TOML with every secret (pre-shared keys, access and bearer
+    /// tokens) replaced by `"<redacted>"`, for showing the effective
+    /// configuration (`--print-config`) without leaking credentials into a
+    /// terminal or a log. Not meant to be read back.
+    pub fn to_toml_redacted(&self) -> String {
+        const R: &str = "<redacted>";
+        let mut c = self.clone();
+        if c.coaps.psk_key.is_some() {
+            c.coaps.psk_key = Some(R.into());
+        }
+        for v in c.coaps.psk_keys.values_mut() {
+            *v = R.into();
+        }
+        for t in c
+            .access
+            .tokens
+            .iter_mut()
+            .chain(c.proxy.bearer_tokens.iter_mut())
+        {
+            *t = R.into();
+        }
+        c.to_toml()
+    }
+
     /// Checks ranges and cross-key rules.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let v = |key, why: String| Err(ConfigError::Value { key, why });
@@ -1005,6 +1029,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn redacted_toml_hides_every_secret_and_nothing_else() {
+        let text = r#"
+[coaps]
+bind = ["127.0.0.1:5684"]
+psk_identity = "gw"
+psk_key = "s3cret-psk"
+[coaps.psk_keys]
+other = "s3cret-other"
+[access]
+write = "token"
+tokens = ["s3cret-token"]
+[proxy]
+bearer_tokens = ["s3cret-bearer"]
+"#;
+        let c = Config::from_toml(text).unwrap();
+        let shown = c.to_toml_redacted();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert_eq!(shown.matches("<redacted>").count(), 4, "{shown}");
+        // what is not secret stays, and the lossless form keeps the keys
+        assert!(
+            shown.contains("\"gw\"") && shown.contains("other"),
+            "{shown}"
+        );
+        assert_eq!(c.to_toml().matches("s3cret").count(), 4);
+    }
+
+    #[test]
     fn defaults_are_valid_and_round_trip() {
         let c = Config::default();
         c.validate().unwrap();
@@ -1075,7 +1126,7 @@ accept = "json"
         assert_eq!(m.publish[0].min_interval.as_deref(), Some("5s"));
         assert_eq!(m.command[0].device, "led0");
         assert_eq!(m.observe[0].accept.as_deref(), Some("json"));
-        // --print-config's output reads back the same
+        // the lossless TOML reads back the same
         let back = Config::from_toml(&c.to_toml()).unwrap();
         assert_eq!(back.mqtt.publish, m.publish);
         assert_eq!(back.mqtt.command, m.command);
