@@ -128,7 +128,8 @@ enum Lab {
     },
     /// Resident memory of `mintgate serve` (default configuration) idle and
     /// under saturating load, and its pool's outstanding blocks after the
-    /// load stops; libcoap's server measured alike when installed.
+    /// load stops; libcoap's server and Californium (peers/californium,
+    /// built with Maven when needed) measured alike when available.
     Footprint {
         #[command(flatten)]
         out: OutArgs,

@@ -243,7 +243,7 @@ fn load_phase(pid: u32, name: &str, spec: &LoadSpec) -> anyhow::Result<Phase> {
 /// What one server did.
 #[derive(Clone, Debug)]
 pub struct ServerFootprint {
-    /// `mintgate` or `libcoap`.
+    /// `mintgate`, `libcoap` or `californium`.
     pub server: &'static str,
     /// Idle, after start-up and one request.
     pub idle: ProcMem,
@@ -368,27 +368,63 @@ fn measure_mintgate(opts: &LabOptions, exe: &Path, log: &Path) -> anyhow::Result
 
 fn measure_libcoap(opts: &LabOptions) -> anyhow::Result<Option<ServerFootprint>> {
     let port = free_udp_port()?;
-    let child = match Command::new("coap-server-notls")
-        .args(["-A", "127.0.0.1", "-p", &port.to_string(), "-d", "10"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(_) => {
-            (opts.progress)("lab footprint: coap-server-notls (libcoap3-bin) not found: skipped");
-            return Ok(None);
-        }
+    let mut cmd = Command::new("coap-server-notls");
+    cmd.args(["-A", "127.0.0.1", "-p", &port.to_string(), "-d", "10"]);
+    let Some(p) = spawn_peer(cmd) else {
+        (opts.progress)("lab footprint: coap-server-notls (libcoap3-bin) not found: skipped");
+        return Ok(None);
     };
-    let mut p = Proc(child);
-    let pid = p.0.id();
     let to: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     let end = Instant::now() + Duration::from_secs(10);
     while !coap_request(to, Code::PUT, "/request", b"hello world") {
         anyhow::ensure!(Instant::now() < end, "libcoap did not accept PUT /request");
         std::thread::sleep(Duration::from_millis(100));
     }
+    measure_peer(opts, "libcoap", p, to).map(Some)
+}
+
+/// Eclipse Californium (the JVM CoAP framework the VTA paper compared),
+/// as `peers/californium` builds it: GET /request answers `hello world`,
+/// Californium's default configuration, the JVM's default heap settings.
+fn measure_californium(opts: &LabOptions) -> anyhow::Result<Option<ServerFootprint>> {
+    let jar = match crate::peers::californium_jar(&opts.progress) {
+        Ok(j) => j,
+        Err(why) => {
+            (opts.progress)(&format!("lab footprint: Californium skipped: {why:#}"));
+            return Ok(None);
+        }
+    };
+    let port = free_udp_port()?;
+    let mut cmd = Command::new("java");
+    cmd.arg("-jar").arg(&jar).arg(port.to_string());
+    let Some(p) = spawn_peer(cmd) else {
+        (opts.progress)("lab footprint: java not found: Californium skipped");
+        return Ok(None);
+    };
+    let to: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    // a JVM takes a few seconds to start and compile its hot paths
+    wait_answering(to, Duration::from_secs(30))?;
+    measure_peer(opts, "californium", p, to).map(Some)
+}
+
+fn spawn_peer(mut cmd: Command) -> Option<Proc> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
+        .map(Proc)
+}
+
+/// Idle memory, then every load phase, of a third-party server answering
+/// GET /request at `to`.
+fn measure_peer(
+    opts: &LabOptions,
+    server: &'static str,
+    mut p: Proc,
+    to: SocketAddr,
+) -> anyhow::Result<ServerFootprint> {
+    let pid = p.0.id();
     wait_answering(to, Duration::from_secs(5))?;
     std::thread::sleep(Duration::from_secs(if opts.quick { 2 } else { 3 }));
     let idle = proc_mem(pid)?;
@@ -396,21 +432,21 @@ fn measure_libcoap(opts: &LabOptions) -> anyhow::Result<Option<ServerFootprint>>
     for (name, con, mode) in loads() {
         let ph = load_phase(pid, name, &spec(to, con, mode, opts.quick))?;
         (opts.progress)(&format!(
-            "lab footprint: libcoap {name}: {:.0} answers/s, VmRSS max {:.1} MiB",
+            "lab footprint: {server} {name}: {:.0} answers/s, VmRSS max {:.1} MiB",
             ph.rps,
             mib(ph.rss_max)
         ));
         phases.push(ph);
     }
     let clean_exit = p.terminate(Duration::from_secs(5));
-    Ok(Some(ServerFootprint {
-        server: "libcoap",
+    Ok(ServerFootprint {
+        server,
         idle,
         phases,
         drain: Vec::new(),
         after_con: None,
         clean_exit,
-    }))
+    })
 }
 
 pub(crate) fn mib(b: u64) -> f64 {
@@ -430,7 +466,11 @@ pub fn lab_footprint(opts: &LabOptions, exe: &Path) -> anyhow::Result<Summary> {
     ));
     let mg = measure_mintgate(opts, exe, &log)?;
     let lc = measure_libcoap(opts)?;
-    let servers: Vec<&ServerFootprint> = std::iter::once(&mg).chain(lc.as_ref()).collect();
+    let cf = measure_californium(opts)?;
+    let servers: Vec<&ServerFootprint> = std::iter::once(&mg)
+        .chain(lc.as_ref())
+        .chain(cf.as_ref())
+        .collect();
 
     let csv_path = opts.out.join("footprint.csv");
     let mut csv =
@@ -466,7 +506,7 @@ pub fn lab_footprint(opts: &LabOptions, exe: &Path) -> anyhow::Result<Summary> {
     line(
         &mut t,
         format_args!(
-            "{:<8} | {:<58} | {:>10} | {:>12} | {:>12} | {:>11} | {:>7}",
+            "{:<11} | {:<58} | {:>10} | {:>12} | {:>12} | {:>11} | {:>7}",
             "server", "phase", "answers/s", "VmRSS max", "RssAnon max", "VmHWM", "threads"
         ),
     );
@@ -474,7 +514,7 @@ pub fn lab_footprint(opts: &LabOptions, exe: &Path) -> anyhow::Result<Summary> {
         line(
             &mut t,
             format_args!(
-                "{:<8} | {:<58} | {:>10} | {:>8.1} MiB | {:>8.1} MiB | {:>7.1} MiB | {:>7}",
+                "{:<11} | {:<58} | {:>10} | {:>8.1} MiB | {:>8.1} MiB | {:>7.1} MiB | {:>7}",
                 s.server,
                 "idle",
                 "-",
@@ -488,7 +528,7 @@ pub fn lab_footprint(opts: &LabOptions, exe: &Path) -> anyhow::Result<Summary> {
             line(
                 &mut t,
                 format_args!(
-                    "{:<8} | {:<58} | {:>10.0} | {:>8.1} MiB | {:>8.1} MiB | {:>7.1} MiB | {:>7}",
+                    "{:<11} | {:<58} | {:>10.0} | {:>8.1} MiB | {:>8.1} MiB | {:>7.1} MiB | {:>7}",
                     s.server,
                     p.name,
                     p.rps,
@@ -500,10 +540,12 @@ pub fn lab_footprint(opts: &LabOptions, exe: &Path) -> anyhow::Result<Summary> {
             );
         }
     }
-    line(
-        &mut t,
-        format_args!("Californium: not measured (no JVM CoAP server is installed by the project)"),
-    );
+    if cf.is_none() {
+        line(
+            &mut t,
+            format_args!("Californium: not measured (see the progress lines for why)"),
+        );
+    }
     let load_max = mg.phases.iter().map(|p| p.rss_max).max().unwrap_or(0);
     let drained = mg.drain.iter().find(|(_, o)| *o == 0.0).map(|(s, _)| *s);
     line(

@@ -9,6 +9,7 @@
 //! carry over between steps.
 
 use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,86 @@ pub fn libcoap_available() -> bool {
             .status()
             .is_ok()
     })
+}
+
+/// The Californium peer's jar (`peers/californium`, a Californium 3 server
+/// answering GET /request with `hello world`): `MINTGATE_CALIFORNIUM_JAR`
+/// when set, otherwise `peers/californium/target/cf-hello.jar` of the
+/// source tree found above the working folder or the executable, built with
+/// `mvn -q package` when missing or older than its sources. An error says
+/// why there is none (no source tree, no Maven, a failed build).
+pub fn californium_jar(progress: &crate::ProgressFn) -> anyhow::Result<PathBuf> {
+    if let Some(j) = std::env::var_os("MINTGATE_CALIFORNIUM_JAR") {
+        let j = PathBuf::from(j);
+        anyhow::ensure!(
+            j.is_file(),
+            "MINTGATE_CALIFORNIUM_JAR={} is not a file",
+            j.display()
+        );
+        return Ok(j);
+    }
+    let starts = [
+        std::env::current_dir().ok(),
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(Path::to_path_buf)),
+    ];
+    let dir = starts
+        .iter()
+        .flatten()
+        .flat_map(|d| d.ancestors())
+        .map(|d| d.join("peers/californium"))
+        .find(|d| d.join("pom.xml").is_file())
+        .context("no peers/californium/pom.xml above the working folder or the executable")?;
+    let jar = dir.join("target/cf-hello.jar");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let newest_source = walk_files(&dir.join("src"))
+        .into_iter()
+        .chain([dir.join("pom.xml")])
+        .filter_map(|p| modified(&p))
+        .max();
+    if modified(&jar).is_some_and(|j| newest_source.is_none_or(|s| j >= s)) {
+        return Ok(jar);
+    }
+    progress(&format!(
+        "building the Californium peer: mvn -q -f {}/pom.xml package",
+        dir.display()
+    ));
+    let out = Command::new("mvn")
+        .args(["-q", "-B", "-f"])
+        .arg(dir.join("pom.xml"))
+        .arg("package")
+        .stdin(Stdio::null())
+        .output()
+        .context("running mvn (Maven)")?;
+    anyhow::ensure!(
+        out.status.success() && jar.is_file(),
+        "mvn package failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .chain(String::from_utf8_lossy(&out.stderr).lines())
+            .filter(|l| l.contains("ERROR"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
+    Ok(jar)
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }
 
 /// A running server; stopped on drop.
