@@ -625,7 +625,15 @@ fn run_shared_case(
                 target.to_owned(),
             );
             tasks.push(tokio::spawn(async move {
-                while started.fetch_add(1, Relaxed) < requests as u64 {
+                // Claim a request only while fewer than `requests` are
+                // claimed, so that a failure's give-back below is always
+                // taken again (by this task at least).
+                let claim = || {
+                    started
+                        .fetch_update(Relaxed, Relaxed, |n| (n < requests as u64).then_some(n + 1))
+                        .is_ok()
+                };
+                while claim() {
                     if Instant::now() > deadline || failures.load(Relaxed) > requests as u64 {
                         return;
                     }
@@ -640,18 +648,20 @@ fn run_shared_case(
                                 .await
                         }
                     };
-                    match r {
-                        Ok(r) if r.status == StatusCode::OK => {
-                            if let Some(coap) = r.coap_rtt() {
-                                let mut v = samples.lock().unwrap_or_else(|p| p.into_inner());
-                                v.push(Sample {
-                                    coap_ms: coap.as_secs_f64() * 1e3,
-                                    total_ms: t0.elapsed().as_secs_f64() * 1e3,
-                                    early: false,
-                                });
-                            }
+                    let coap = match &r {
+                        Ok(r) if r.status == StatusCode::OK => r.coap_rtt(),
+                        _ => None,
+                    };
+                    match coap {
+                        Some(coap) => {
+                            let mut v = samples.lock().unwrap_or_else(|p| p.into_inner());
+                            v.push(Sample {
+                                coap_ms: coap.as_secs_f64() * 1e3,
+                                total_ms: t0.elapsed().as_secs_f64() * 1e3,
+                                early: false,
+                            });
                         }
-                        _ => {
+                        None => {
                             failures.fetch_add(1, Relaxed);
                             // Repeat it: give the request back.
                             started.fetch_sub(1, Relaxed);
