@@ -711,6 +711,12 @@ pub struct PipelineConfig {
     pub receive_batch: usize,
     /// Datagrams per sendmmsg call.
     pub send_batch: usize,
+    /// Send the datagrams of one flush that go to the same peer with the
+    /// same length as one `UDP_SEGMENT` message (generic segmentation
+    /// offload, Linux 4.18+): the same datagrams on the wire, one walk
+    /// through the kernel's stack. Turned off by itself where the kernel
+    /// refuses it.
+    pub send_gso: bool,
     /// Requests a handler thread takes from the queue at once.
     pub handler_batch: usize,
     /// Samples the Performance Observer keeps (one per second, at least 10).
@@ -731,6 +737,7 @@ impl Default for PipelineConfig {
             threads: 0,
             receive_batch: 32,
             send_batch: 32,
+            send_gso: true,
             handler_batch: 32,
             observer_samples: 120,
             spin_us: 0,

@@ -612,7 +612,9 @@ impl Receiver {
             got: Vec::with_capacity(batch),
             jobs: Vec::with_capacity(batch),
             rejected: Vec::with_capacity(batch),
-            sb: SendBatch::new(batch).with_dtls(sh.dtls[li].clone()),
+            sb: SendBatch::new(batch)
+                .with_gso(sh.cfg.pipeline.send_gso)
+                .with_dtls(sh.dtls[li].clone()),
             plain: Vec::with_capacity(batch),
             // a coaps listener decrypts into it: room for the largest record
             scratch: vec![
@@ -924,7 +926,11 @@ fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, sock: &UdpSocket, job: Job, wh
 fn send_batches(sh: &Shared) -> Vec<SendBatch> {
     sh.dtls
         .iter()
-        .map(|d| SendBatch::new(sh.cfg.pipeline.send_batch).with_dtls(d.clone()))
+        .map(|d| {
+            SendBatch::new(sh.cfg.pipeline.send_batch)
+                .with_gso(sh.cfg.pipeline.send_gso)
+                .with_dtls(d.clone())
+        })
         .collect()
 }
 
