@@ -48,11 +48,12 @@ const EVICT_CHUNK: usize = 64;
 const ACK_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_RETRANSMIT: u8 = 4;
 
-/// Why the gateway could not start.
+/// Why the gateway could not start. The I/O cause is the error's source,
+/// not part of its message: `{:#}` (anyhow's chain) prints it once.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// A listener could not be bound.
-    #[error("cannot bind udp {addr}: {source}")]
+    #[error("cannot bind udp {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -60,7 +61,7 @@ pub enum StartError {
         source: io::Error,
     },
     /// A thread could not be started.
-    #[error("cannot start thread: {0}")]
+    #[error("cannot start thread")]
     Thread(#[from] io::Error),
     /// The configuration is not valid.
     #[error(transparent)]
