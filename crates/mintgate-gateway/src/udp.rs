@@ -283,13 +283,15 @@ impl SendBatch {
             self.iovs.resize_with(n, || unsafe { zeroed() });
             self.cmsgs.resize(n, SegmentCmsg([0; 32]));
         }
-        // group by peer (stable: a peer's datagrams keep their order)
+        // group by peer; the index breaks ties, so a peer's datagrams keep
+        // their order without a stable sort's scratch buffer
         self.order.clear();
         self.order.extend(0..n);
         if self.gso && n > 1 {
             let addrs = &self.addrs;
-            self.order
-                .sort_by(|&a, &b| addr_key(&addrs[a]).cmp(addr_key(&addrs[b])));
+            self.order.sort_unstable_by(|&a, &b| {
+                addr_key(&addrs[a]).cmp(addr_key(&addrs[b])).then(a.cmp(&b))
+            });
         }
         for (slot, &i) in self.order.iter().enumerate() {
             let (head, tail) = self.parts(i);
