@@ -215,3 +215,44 @@ fn concurrent_enqueues_share_durable_writes_and_stay_in_order() {
     drop(s);
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// The broker's side of every accepted connection has TCP_NODELAY (rumqttd
+/// does not set it; the embedded broker sets it on its listeners, whose
+/// accepted sockets inherit it). Checked on the broker's own socket, found
+/// among this process's descriptors by its two addresses.
+#[cfg(target_os = "linux")]
+#[test]
+fn accepted_connections_have_nodelay() {
+    use std::os::fd::BorrowedFd;
+    for addr in [broker().addr(), broker().addr_v5()] {
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        let me = client.local_addr().unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        let nodelay = loop {
+            let mut found = None;
+            for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+                let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse::<i32>() else {
+                    continue;
+                };
+                // SAFETY: an open descriptor of this process, borrowed only
+                // for these read-only socket queries.
+                let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+                let s = socket2::SockRef::from(&bfd);
+                let local = s.local_addr().ok().and_then(|a| a.as_socket());
+                let peer = s.peer_addr().ok().and_then(|a| a.as_socket());
+                if local == Some(addr) && peer == Some(me) {
+                    found = Some(s.nodelay().unwrap());
+                }
+            }
+            if let Some(n) = found {
+                break n;
+            }
+            assert!(Instant::now() < end, "the broker never accepted {me}");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            nodelay,
+            "the broker's socket for {me} on {addr} has Nagle on"
+        );
+    }
+}
