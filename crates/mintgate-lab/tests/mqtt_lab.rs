@@ -1,0 +1,73 @@
+//! `lab mqtt` end to end with short settings: every method against the
+//! embedded broker (and mosquitto when installed, as the test command
+//! installs it), every message present and in order, the CSV and plot
+//! written, the table's verdict and reference lines present.
+
+use std::sync::Arc;
+
+use mintgate_lab::{lab_mqtt, LabOptions, MqttLabOptions};
+
+#[test]
+fn mqtt_lab_runs_every_method_and_loses_nothing() {
+    let out = std::env::temp_dir().join(format!("mintgate-lab-mqtt-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let s = lab_mqtt(&MqttLabOptions {
+        common: LabOptions {
+            out: out.clone(),
+            quick: true,
+            progress: Arc::new(|l: &str| eprintln!("{l}")),
+            ..LabOptions::default()
+        },
+        runs: Some(1),
+        messages: Some(60),
+        window: 4,
+        ..MqttLabOptions::default()
+    })
+    .expect("lab mqtt runs");
+    assert_eq!(s.lab, "mqtt");
+    let csv = std::fs::read_to_string(out.join("mqtt.csv")).expect("mqtt.csv");
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("broker,method,run,messages,seconds,missing,out_of_order")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let brokers: std::collections::BTreeSet<&str> = rows.iter().map(|r| r[0]).collect();
+    assert!(brokers.contains("embedded"), "{csv}");
+    let mosquitto = mintgate_mqtt::broker::find_mosquitto().is_some();
+    assert_eq!(brokers.contains("mosquitto"), mosquitto, "{csv}");
+    let methods = [
+        "pubqueue_qos1",
+        "qos2",
+        "qos1",
+        "pubqueue_qos1_w4",
+        "qos1_w1",
+    ];
+    assert_eq!(rows.len(), methods.len() * brokers.len(), "{csv}");
+    for b in &brokers {
+        for m in methods {
+            let r = rows
+                .iter()
+                .find(|r| r[0] == *b && r[1] == m)
+                .unwrap_or_else(|| panic!("no row for {b} {m}:\n{csv}"));
+            assert_eq!(r[3], "60", "{r:?}");
+            let secs: f64 = r[4].parse().unwrap();
+            assert!(secs > 0.0 && secs < 30.0, "{r:?}");
+            assert_eq!((r[5], r[6]), ("0", "0"), "missing / out of order: {r:?}");
+        }
+    }
+    let svg = std::fs::read_to_string(out.join("mqtt.svg")).expect("mqtt.svg");
+    assert!(svg.starts_with("<svg") && svg.contains("qos1_w1"));
+    for b in &brokers {
+        assert!(
+            s.table
+                .contains(&format!("{b}: QoS 2 time / Pub Queue time = "))
+                && s.table.contains(&format!(
+                    "{b}: for reference, plain QoS 2 / plain QoS 1 (both one in flight"
+                )),
+            "{}",
+            s.table
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
