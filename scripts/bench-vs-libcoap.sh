@@ -23,6 +23,10 @@
 # the same datagrams, but each client's window lands in the server's socket
 # back to back. Batched receive profits from that and a one-at-a-time server
 # does not, so it is reported beside the targets, never instead of them.
+# Each case also prints, per round and server, the CPU time per request of
+# the server (user and system, from /proc/PID/stat around the run) and of
+# the generator (its own threads), both over warm-up plus measured time:
+# on 2 shared cores this is what bounds the ratios.
 # Why 8 x 16: libcoap is single-threaded and reaches its plateau from about
 # 16 requests outstanding in total; 8 x 16 = 128 outstanding keeps any server
 # busy without overflowing default socket buffers, and 8 source ports let a
@@ -81,6 +85,9 @@ start_servers() {
     exit 1
 }
 
+# cpu_ticks PID: "user system" CPU time of a process so far, in clock ticks.
+cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat" 2>/dev/null || echo "0 0"; }
+
 # run_case NAME BENCH-ARGS...: ROUNDS rounds, fresh servers, alternating order.
 run_case() {
     local name=$1
@@ -90,10 +97,13 @@ run_case() {
         local order=(libcoap mintgate)
         [ $((r % 2)) -eq 0 ] && order=(mintgate libcoap)
         for s in "${order[@]}"; do
-            local addr=$LC
-            [ "$s" = mintgate ] && addr=$MG
+            local addr=$LC pid=${PIDS[0]}
+            [ "$s" = mintgate ] && addr=$MG && pid=${PIDS[1]}
+            # the server's CPU time (user, system; clock ticks) around the run
+            cpu_ticks "$pid" >"$OUT/$name-$r-$s.cpu"
             "$BIN" bench "coap://$addr/request" --duration "$DURATION" --warmup "$WARMUP" --json "$@" \
                 >"$OUT/$name-$r-$s.json" 2>/dev/null || true
+            cpu_ticks "$pid" >>"$OUT/$name-$r-$s.cpu"
             sleep 1
         done
         stop_servers
@@ -109,9 +119,26 @@ run_case open --non --clients "$OPEN_CLIENTS" --rate "$OPEN_RATE"
 # client's window arriving back to back.
 run_case burst --non --clients "$NON_CLIENTS" --window "$NON_WINDOW" --gso
 
-python3 - "$OUT" "$ROUNDS" <<'PY'
-import json, statistics, sys
+python3 - "$OUT" "$ROUNDS" "$WARMUP" "$(getconf CLK_TCK)" <<'PY'
+import json, re, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
+m = re.fullmatch(r"([0-9.]+)(ms|s)", sys.argv[3])
+warmup = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1) if m else 0.0
+tick = 1.0 / int(sys.argv[4])
+def cpu_per_request(case, r, s, res):
+    # server user and system CPU, and the generator's CPU, per request; the
+    # CPU times cover the warm-up too, so the requests are estimated as the
+    # measured rate over warm-up plus measured time
+    try:
+        a, b = open(f"{out}/{case}-{r}-{s}.cpu").read().split("\n")[:2]
+        (u0, s0), (u1, s1) = map(int, a.split()), map(int, b.split())
+    except Exception:
+        return None
+    n = res["requests_per_sec"] * (res["duration_s"] + warmup)
+    if n <= 0:
+        return None
+    us = 1e6 / n
+    return ((u1 - u0) * tick * us, (s1 - s0) * tick * us, res["generator_cpu_s"] * us)
 def load(case, r, s):
     try:
         return json.load(open(f"{out}/{case}-{r}-{s}.json"))
@@ -139,6 +166,13 @@ for case, title, kind, want in cases:
         print(f"{r:>5} {lc['requests_per_sec']:>14.0f} {mg['requests_per_sec']:>15.0f} {rr:>6.2f}x "
               f"{lc['latency_us']['p99']/1000:>10.2f}ms {mg['latency_us']['p99']/1000:>11.2f}ms {pr:>9.2f}x "
               f"{100*lc['loss_ratio']:>6.2f}/{100*mg['loss_ratio']:<6.2f}")
+    for r in range(1, rounds + 1):
+        for s in ("libcoap", "mintgate"):
+            res = load(case, r, s)
+            c = res and res["received"] and cpu_per_request(case, r, s, res)
+            if c:
+                print(f"  round {r} {s:>8}: CPU per request: server user {c[0]:.2f} us, "
+                      f"system {c[1]:.2f} us; generator {c[2]:.2f} us")
     if not ratios:
         verdicts.append(f"FAIL  {title}: no result")
         continue
