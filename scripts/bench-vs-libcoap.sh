@@ -97,6 +97,7 @@ run_case() {
         local order=(libcoap mintgate)
         [ $((r % 2)) -eq 0 ] && order=(mintgate libcoap)
         for s in "${order[@]}"; do
+            # PIDS: libcoap first, then mintgate (see start_servers)
             local addr=$LC pid=${PIDS[0]}
             [ "$s" = mintgate ] && addr=$MG && pid=${PIDS[1]}
             # the server's CPU time (user, system; clock ticks) around the run

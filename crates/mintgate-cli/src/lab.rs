@@ -89,8 +89,9 @@ enum Lab {
     /// Paper 004 Fig. 5: 1,000 MQTT messages of 26 bytes, 5 runs each,
     /// through the publish queue (QoS 1, window 1; and window N with the
     /// receiver reordering) vs plain QoS 2 (one in flight) and plain QoS 1
-    /// (100 in flight; and one in flight, for reference), against the embedded broker and a private mosquitto (when installed)
-    /// or --broker. Writes `mqtt.csv` and `mqtt.svg`.
+    /// (100 in flight; and one in flight, for reference), against the
+    /// embedded broker and a private mosquitto (when installed) or
+    /// --broker. Writes `mqtt.csv` and `mqtt.svg`.
     Mqtt {
         /// Short settings: 2 runs per method instead of 5.
         #[arg(long)]
