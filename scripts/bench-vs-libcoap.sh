@@ -17,9 +17,24 @@
 #
 # Tunables (environment): ROUNDS (3), DURATION (5s), WARMUP (1s),
 # NON_CLIENTS x NON_WINDOW (8 x 16), OPEN_CLIENTS x OPEN_RATE (1000 x 10/s),
-# MG_ARGS (extra `mintgate serve` arguments), OUT (directory for the JSON
-# results; default a temporary one).
-# A fourth case, for information only, repeats the NON load with `--gso`:
+# MG_ARGS (extra `mintgate serve` arguments), GEN_ARGS (extra `mintgate
+# bench` arguments for every target case; default `--gro --shared-socket`),
+# OUT (directory for the JSON results; default a temporary one).
+# The generator is made as cheap as it can be, because on 2 shared cores its
+# CPU is taken from the server (libcoap, single-threaded, is held to one core
+# either way):
+# - `--shared-socket`: the clients of a generator thread share one socket,
+#   each sending from a loopback address of its own (127.1.0.x), so the
+#   server sees one endpoint per client as before (100 clients = 100
+#   endpoints), but the generator moves many clients' datagrams per system
+#   call instead of one;
+# - `--gro`: a train of equal responses that a server sent with segmentation
+#   offload arrives as one message and the generator splits it, as QUIC
+#   stacks such as quinn read by default. A server that sends datagram by
+#   datagram (libcoap) is read exactly as without it.
+# Two cases for information repeat the NON and CON loads with the earlier
+# generator (a socket and port per client, no GRO: GEN_ARGS=).
+# A further case, for information only, repeats the NON load with `--gso`:
 # the same datagrams, but each client's window lands in the server's socket
 # back to back. Batched receive profits from that and a one-at-a-time server
 # does not, so it is reported beside the targets, never instead of them.
@@ -42,6 +57,7 @@ NON_WINDOW=${NON_WINDOW:-16}
 OPEN_CLIENTS=${OPEN_CLIENTS:-1000}
 OPEN_RATE=${OPEN_RATE:-10}
 MG_ARGS=${MG_ARGS:-}
+GEN_ARGS=${GEN_ARGS---gro --shared-socket}
 MG=127.0.0.1:5683
 LC=127.0.0.1:5684
 
@@ -102,7 +118,7 @@ run_case() {
             [ "$s" = mintgate ] && addr=$MG && pid=${PIDS[1]}
             # the server's CPU time (user, system; clock ticks) around the run
             cpu_ticks "$pid" >"$OUT/$name-$r-$s.cpu"
-            "$BIN" bench "coap://$addr/request" --duration "$DURATION" --warmup "$WARMUP" --json "$@" \
+            "$BIN" bench "coap://$addr/request" --duration "$DURATION" --warmup "$WARMUP" --json $GEN_ARGS "$@" \
                 >"$OUT/$name-$r-$s.json" 2>/dev/null || true
             cpu_ticks "$pid" >>"$OUT/$name-$r-$s.cpu"
             sleep 1
@@ -117,8 +133,14 @@ run_case non --non --clients "$NON_CLIENTS" --window "$NON_WINDOW"
 run_case con --con --clients 100 --window 1
 run_case open --non --clients "$OPEN_CLIENTS" --rate "$OPEN_RATE"
 # For information (no target): the NON load sent as GSO trains, i.e. each
-# client's window arriving back to back.
-run_case burst --non --clients "$NON_CLIENTS" --window "$NON_WINDOW" --gso
+# client's window arriving back to back (needs a socket per client).
+GEN_ARGS=--gro run_case burst --non --clients "$NON_CLIENTS" --window "$NON_WINDOW" --gso
+# For information: the NON and CON loads with a socket per client, read
+# datagram by datagram (the generator before 2026-11-24's evening).
+if [ -n "$GEN_ARGS" ]; then
+    GEN_ARGS= run_case plain --non --clients "$NON_CLIENTS" --window "$NON_WINDOW"
+    GEN_ARGS= run_case conplain --con --clients 100 --window 1
+fi
 
 python3 - "$OUT" "$ROUNDS" "$WARMUP" "$(getconf CLK_TCK)" <<'PY'
 import json, re, statistics, sys
@@ -150,9 +172,13 @@ cases = [
     ("con", "CON GET /request, 100 clients x 1 outstanding", "rps", 2.0),
     ("open", "NON GET /request, open loop, same offered load", "p99", 1.0),
     ("burst", "for information: NON closed loop with burst arrivals (--gso)", "info", None),
+    ("plain", "for information: NON closed loop, a socket per client, no GRO", "info", None),
+    ("conplain", "for information: CON 100 x 1, a socket per client, no GRO", "info", None),
 ]
 verdicts = []
 for case, title, kind, want in cases:
+    if not any(load(case, r, s) for r in range(1, rounds + 1) for s in ("libcoap", "mintgate")):
+        continue
     print(f"\n=== {title}")
     print(f"{'round':>5} {'libcoap req/s':>14} {'mintgate req/s':>15} {'ratio':>7} {'libcoap p99':>12} {'mintgate p99':>13} {'p99 ratio':>10} {'lost lc/mg %':>13}")
     ratios = []

@@ -7,6 +7,10 @@
 //!   port, connected to the target (the kernel drops datagrams from anyone
 //!   else). The soft RLIMIT_NOFILE is raised to the hard limit first; more
 //!   clients than that allows is an error ([`LoadError::TooManyClients`]).
+//!   Or, with [`LoadSpec::shared_socket`] against an IPv4 loopback server,
+//!   each client has a loopback address of its own (127.1.0.1 onwards) and
+//!   the clients of a worker thread share one socket: one endpoint per
+//!   client as the server sees it, batched system calls across clients.
 //! - **Closed loop** ([`Mode::Closed`]): every client keeps `window` requests
 //!   outstanding, sending a new one as soon as one is answered or times out.
 //!   This finds the server's capacity.
@@ -51,7 +55,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use worker::{Counts, Driver, Live, Timing, Worker};
+use worker::{ClientIo, Counts, Driver, Live, Offload, Timing, Worker};
 
 pub use histogram::Histogram;
 use schedule::Schedule;
@@ -109,6 +113,24 @@ pub struct LoadSpec {
     /// once (burst arrivals) instead of one by one. Off by default; falls
     /// back to `sendmmsg` where the kernel has no UDP GSO.
     pub gso: bool,
+    /// Receive with UDP GRO (`UDP_GRO`): a train of equal responses the
+    /// server sent with `UDP_SEGMENT` arrives as one message, which the
+    /// generator splits itself, instead of being split by the kernel on
+    /// delivery and read datagram by datagram. Responses sent one by one
+    /// (every server without segmentation offload) arrive exactly as without
+    /// it. Lowers the generator's own CPU per response and the delivery
+    /// work on loopback; falls back silently where the kernel lacks it.
+    pub gro: bool,
+    /// The clients of each worker thread share one UDP socket, each sending
+    /// from a loopback address of its own (127.1.0.1, 127.1.0.2, ...; set
+    /// per datagram with `IP_PKTINFO`) instead of from a socket and port of
+    /// its own. The server still sees one endpoint per client, but the
+    /// generator reads and writes the datagrams of many clients per system
+    /// call, which costs it much less CPU when many clients have few
+    /// requests outstanding each. Needs an IPv4 loopback target; the shared
+    /// socket listens on the wildcard address (answers from anyone but the
+    /// target are counted as unmatched).
+    pub shared_socket: bool,
 }
 
 impl LoadSpec {
@@ -124,6 +146,8 @@ impl LoadSpec {
             timeout: Duration::from_secs(2),
             threads: 1,
             gso: false,
+            gro: false,
+            shared_socket: false,
         }
     }
 
@@ -163,6 +187,23 @@ impl LoadSpec {
         }
         if self.timeout.is_zero() {
             return bad("the timeout must be positive");
+        }
+        if self.shared_socket {
+            match self.target {
+                SocketAddr::V4(t) if t.ip().is_loopback() => {}
+                _ => {
+                    return bad(
+                        "a shared socket needs an IPv4 loopback target (127.0.0.0/8): \
+                         its clients send from loopback addresses of their own",
+                    )
+                }
+            }
+            if self.gso {
+                return bad("GSO trains need a socket per client, not a shared socket");
+            }
+            if self.mode.clients() > SHARED_MAX_CLIENTS {
+                return bad("a shared socket has loopback addresses for at most 1,000,000 clients");
+            }
         }
         if self.target.port() == 0 {
             return bad("the target port must not be 0");
@@ -272,6 +313,9 @@ pub struct LoadReport {
     pub skipped: u64,
     /// Failed system calls on the sockets (e.g. connection refused).
     pub io_errors: u64,
+    /// With [`LoadSpec::gro`]: datagrams (warm-up included) that arrived
+    /// inside a coalesced train of several; always 0 without it.
+    pub in_trains: u64,
     /// Successful (2.xx) responses per second during the measured period.
     pub requests_per_sec: f64,
     /// Successful responses in each second of the measured period.
@@ -323,7 +367,8 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
     let threads = spec.threads.clamp(1, clients);
 
     let limit = sys::raise_nofile_limit().map_err(|e| LoadError::Io("RLIMIT_NOFILE", e))?;
-    let needed = clients as u64 + 2 * threads as u64 + FD_MARGIN;
+    let sockets = if spec.shared_socket { threads } else { clients };
+    let needed = sockets as u64 + 2 * threads as u64 + FD_MARGIN;
     if needed > limit {
         return Err(LoadError::TooManyClients {
             clients,
@@ -332,12 +377,7 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
         });
     }
 
-    let mut socks: Vec<Vec<mio::net::UdpSocket>> = (0..threads)
-        .map(|_| Vec::with_capacity(clients / threads + 1))
-        .collect();
-    for i in 0..clients {
-        socks[i % threads].push(open_socket(spec.target)?);
-    }
+    let ios = client_io(spec, clients, threads)?;
 
     let start = Instant::now() + Duration::from_millis(20);
     let measure_start = start + spec.warmup;
@@ -349,21 +389,36 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
     };
     let bins = spec.duration.as_secs_f64().ceil() as usize;
     let mut workers = Vec::with_capacity(threads);
-    for (t, s) in socks.into_iter().enumerate() {
+    for (t, io) in ios.into_iter().enumerate() {
+        let n = match &io {
+            ClientIo::PerClient(s) => s.len(),
+            ClientIo::Shared { clients, .. } => *clients,
+        };
         let driver = match spec.mode {
             Mode::Closed { .. } => Driver::Closed,
             Mode::Open {
                 rate_per_client, ..
             } => {
                 // Interleave the threads' schedules within one send interval.
-                let interval = Duration::from_secs_f64(1.0 / rate_per_client / s.len() as f64);
+                let interval = Duration::from_secs_f64(1.0 / rate_per_client / n as f64);
                 let phase = interval.mul_f64(t as f64 / threads as f64);
-                Driver::Open(Schedule::new(start + phase, rate_per_client, s.len()))
+                Driver::Open(Schedule::new(start + phase, rate_per_client, n))
             }
         };
         workers.push(
-            Worker::new(s, &template, cap, driver, timing, bins, spec.gso)
-                .map_err(|e| LoadError::Io("setting up the poll", e))?,
+            Worker::new(
+                io,
+                &template,
+                cap,
+                driver,
+                timing,
+                bins,
+                Offload {
+                    gso: spec.gso,
+                    gro: spec.gro,
+                },
+            )
+            .map_err(|e| LoadError::Io("setting up the poll", e))?,
         );
     }
 
@@ -455,6 +510,7 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
         unmatched: counts.unmatched,
         skipped: counts.skipped,
         io_errors: counts.io_errors,
+        in_trains: counts.in_trains,
         requests_per_sec: counts.ok_in_window as f64 / spec.duration.as_secs_f64(),
         per_second,
         latency: Latency {
@@ -473,6 +529,48 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
 
 /// One client's socket: bound to an ephemeral port of the target's family,
 /// connected to the target, non-blocking.
+/// Clients a shared socket can give loopback addresses to.
+const SHARED_MAX_CLIENTS: usize = 1_000_000;
+
+/// The sockets of each of `threads` workers: `clients` spread evenly.
+fn client_io(spec: &LoadSpec, clients: usize, threads: usize) -> Result<Vec<ClientIo>, LoadError> {
+    let share = |t: usize| clients / threads + usize::from(t < clients % threads);
+    let target = match spec.target {
+        SocketAddr::V4(t) if spec.shared_socket => t,
+        _ => {
+            return (0..threads)
+                .map(|t| per_client(spec.target, share(t)))
+                .collect()
+        }
+    };
+    // 127.1.0.1 onwards, or past the target if it falls in that range
+    let mut first = u32::from(Ipv4Addr::new(127, 1, 0, 1));
+    let t = u32::from(*target.ip());
+    if (first..first + clients as u32).contains(&t) {
+        first = t + 1;
+    }
+    let mut ios = Vec::with_capacity(threads);
+    for w in 0..threads {
+        let n = share(w);
+        let sock = sys::shared_socket().map_err(|e| LoadError::Io("opening a shared socket", e))?;
+        ios.push(ClientIo::Shared {
+            sock: mio::net::UdpSocket::from_std(sock),
+            target,
+            first: Ipv4Addr::from(first),
+            clients: n,
+        });
+        first += n as u32;
+    }
+    Ok(ios)
+}
+
+fn per_client(target: SocketAddr, n: usize) -> Result<ClientIo, LoadError> {
+    (0..n)
+        .map(|_| open_socket(target))
+        .collect::<Result<_, _>>()
+        .map(ClientIo::PerClient)
+}
+
 fn open_socket(target: SocketAddr) -> Result<mio::net::UdpSocket, LoadError> {
     let local: SocketAddr = if target.is_ipv4() {
         (Ipv4Addr::UNSPECIFIED, 0).into()

@@ -8,6 +8,7 @@
 //! in batches. Nothing in the loop allocates.
 
 use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -63,6 +64,8 @@ pub struct Counts {
     pub unmatched: u64,
     pub skipped: u64,
     pub io_errors: u64,
+    /// Datagrams (any phase) that arrived inside a coalesced GRO train.
+    pub in_trains: u64,
     /// 2.xx responses that arrived during the measured period.
     pub ok_in_window: u64,
     /// 2.xx responses in any phase (for the progress rate).
@@ -79,6 +82,7 @@ impl Counts {
         self.unmatched += o.unmatched;
         self.skipped += o.skipped;
         self.io_errors += o.io_errors;
+        self.in_trains += o.in_trains;
         self.ok_in_window += o.ok_in_window;
         self.ok_total += o.ok_total;
     }
@@ -104,9 +108,48 @@ pub struct Outcome {
     pub cpu: Duration,
 }
 
-struct Client {
-    sock: UdpSocket,
+/// How a worker's clients reach the server.
+pub enum ClientIo {
+    /// One connected socket per client.
+    PerClient(Vec<UdpSocket>),
+    /// One socket for all (from [`sys::shared_socket`]); client `i` sends
+    /// from `first + i`, a loopback address of its own.
+    Shared {
+        sock: UdpSocket,
+        target: SocketAddrV4,
+        first: Ipv4Addr,
+        clients: usize,
+    },
+}
+
+/// Send and receive offloads a worker uses.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Offload {
+    /// Closed loop: send a client's batch as one `UDP_SEGMENT` train.
+    pub gso: bool,
+    /// Receive trains whole (`UDP_GRO`) and split them here.
+    pub gro: bool,
+}
+
+/// The shared socket of [`ClientIo::Shared`].
+struct Shared {
+    /// Owns `fd`.
+    _sock: UdpSocket,
     fd: RawFd,
+    target: SocketAddrV4,
+    first: u32,
+}
+
+/// The poll token of the shared socket (client sockets use their index).
+const SHARED: mio::Token = mio::Token(usize::MAX);
+
+struct Client {
+    /// Its own socket; `None` when the worker's clients share one.
+    sock: Option<UdpSocket>,
+    /// Its own socket's descriptor, or the shared one.
+    fd: RawFd,
+    /// Shared socket: the local address it sends from.
+    src: Ipv4Addr,
     next_mid: u16,
     /// Closed loop: requests to send as soon as possible. Invariant: never
     /// more than the client's free slots.
@@ -126,6 +169,7 @@ const MAX_DUE_PER_TURN: usize = 4096;
 pub struct Worker {
     poll: Poll,
     clients: Vec<Client>,
+    shared: Option<Shared>,
     slots: Slots,
     driver: Driver,
     /// Closed loop: clients with `owed > 0` (and `queued`).
@@ -135,7 +179,8 @@ pub struct Worker {
     batch: Vec<Box<[u8]>>,
     req_len: usize,
     gso: bool,
-    rx: RecvBatch,
+    /// Taken out while its datagrams are handled (`None` only then).
+    rx: Option<RecvBatch>,
     timing: Timing,
     counts: Counts,
     hist: Histogram,
@@ -143,43 +188,85 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker over `socks` (already connected and non-blocking), `cap`
-    /// slots per client; closed loop owes each client `cap` requests at start.
+    /// A worker over `io` (sockets already non-blocking, per-client ones
+    /// connected), `cap` slots per client; closed loop owes each client
+    /// `cap` requests at start.
     pub fn new(
-        socks: Vec<UdpSocket>,
+        io: ClientIo,
         template: &RequestTemplate,
         cap: usize,
         driver: Driver,
         timing: Timing,
         bins: usize,
-        gso: bool,
+        offload: Offload,
     ) -> io::Result<Worker> {
         let poll = Poll::new()?;
         let closed = matches!(driver, Driver::Closed);
-        let mut clients = Vec::with_capacity(socks.len());
-        for (i, mut sock) in socks.into_iter().enumerate() {
-            poll.registry()
-                .register(&mut sock, mio::Token(i), Interest::READABLE)?;
-            clients.push(Client {
-                fd: sock.as_raw_fd(),
-                sock,
-                next_mid: rand::random(),
-                owed: if closed { cap as u32 } else { 0 },
-                queued: closed,
-            });
-        }
+        let owed = if closed { cap as u32 } else { 0 };
+        let client = |sock: Option<UdpSocket>, fd: RawFd, src: Ipv4Addr| Client {
+            sock,
+            fd,
+            src,
+            next_mid: rand::random(),
+            owed,
+            queued: closed,
+        };
+        let (clients, shared) = match io {
+            ClientIo::PerClient(socks) => {
+                let mut clients = Vec::with_capacity(socks.len());
+                for (i, mut sock) in socks.into_iter().enumerate() {
+                    poll.registry()
+                        .register(&mut sock, mio::Token(i), Interest::READABLE)?;
+                    let fd = sock.as_raw_fd();
+                    clients.push(client(Some(sock), fd, Ipv4Addr::UNSPECIFIED));
+                }
+                (clients, None)
+            }
+            ClientIo::Shared {
+                mut sock,
+                target,
+                first,
+                clients: n,
+            } => {
+                poll.registry()
+                    .register(&mut sock, SHARED, Interest::READABLE)?;
+                let fd = sock.as_raw_fd();
+                let first = u32::from(first);
+                let clients = (0..n)
+                    .map(|i| client(None, fd, Ipv4Addr::from(first + i as u32)))
+                    .collect();
+                let shared = Shared {
+                    _sock: sock,
+                    fd,
+                    target,
+                    first,
+                };
+                (clients, Some(shared))
+            }
+        };
         let n = clients.len();
+        // GRO only if every socket takes it: one buffer layout for all.
+        let gro = offload.gro
+            && match &shared {
+                Some(sh) => sys::enable_gro(sh.fd),
+                None => clients.iter().all(|c| sys::enable_gro(c.fd)),
+            };
+        let rx = match shared {
+            Some(_) => RecvBatch::addressed(gro),
+            None => RecvBatch::new(gro),
+        };
         Ok(Worker {
             poll,
             slots: Slots::new(n, cap, timing.start),
             pending: if closed { (0..n).collect() } else { Vec::new() },
             spare: Vec::with_capacity(if closed { n } else { 0 }),
             clients,
+            shared,
             driver,
             batch: (0..BATCH).map(|_| template.bytes().into()).collect(),
             req_len: template.bytes().len(),
-            gso,
-            rx: RecvBatch::new(),
+            gso: offload.gso,
+            rx: Some(rx),
             timing,
             counts: Counts::default(),
             hist: Histogram::new(),
@@ -218,7 +305,10 @@ impl Worker {
                 Err(e) => return Err(e),
             }
             for ev in events.iter() {
-                self.on_readable(ev.token().0);
+                match ev.token() {
+                    SHARED => self.on_shared_readable(),
+                    t => self.on_readable(t.0),
+                }
             }
         }
         self.publish(live);
@@ -294,7 +384,13 @@ impl Worker {
                     std::mem::replace(&mut self.pending, std::mem::take(&mut self.spare));
                 for &c in &todo {
                     self.clients[c].queued = false;
-                    self.flush(c);
+                }
+                if self.shared.is_some() {
+                    self.flush_shared(&todo);
+                } else {
+                    for &c in &todo {
+                        self.flush(c);
+                    }
                 }
                 todo.clear();
                 self.spare = todo;
@@ -360,12 +456,99 @@ impl Worker {
             }
             self.clients[c].owed -= went as u32;
             if went < n {
-                if !self.clients[c].queued {
-                    self.clients[c].queued = true;
-                    self.pending.push(c);
-                }
+                self.requeue(c);
                 return;
             }
+        }
+    }
+
+    /// Closed loop: `c` still owes requests; it is sent again next turn.
+    fn requeue(&mut self, c: usize) {
+        if !self.clients[c].queued {
+            self.clients[c].queued = true;
+            self.pending.push(c);
+        }
+    }
+
+    /// Closed loop, shared socket: sends what every client in `todo` is
+    /// owed, clients mixed in batches of up to [`BATCH`], each request from
+    /// its client's address; what a full socket buffer refused is sent next
+    /// turn.
+    fn flush_shared(&mut self, todo: &[usize]) {
+        let mut staged = Staged {
+            who: [0; BATCH],
+            toks: [Token { slot: 0, gen: 0 }; BATCH],
+            srcs: [Ipv4Addr::UNSPECIFIED; BATCH],
+            n: 0,
+        };
+        let now = Instant::now();
+        let measured = now >= self.timing.measure_start;
+        for (k, &c) in todo.iter().enumerate() {
+            while self.clients[c].owed > 0 {
+                if staged.n == BATCH && !self.send_staged(&mut staged, measured) {
+                    for &rest in &todo[k..] {
+                        if self.clients[rest].owed > 0 {
+                            self.requeue(rest);
+                        }
+                    }
+                    return;
+                }
+                let mid = self.clients[c].next_mid;
+                let Some(tok) = self.slots.acquire(c, mid, now, measured) else {
+                    self.clients[c].owed = 0;
+                    break;
+                };
+                self.clients[c].next_mid = mid.wrapping_add(1);
+                self.clients[c].owed -= 1;
+                let i = staged.n;
+                RequestTemplate::patch(&mut self.batch[i], mid, tok);
+                staged.who[i] = c;
+                staged.toks[i] = tok;
+                staged.srcs[i] = self.clients[c].src;
+                staged.n += 1;
+            }
+        }
+        if staged.n > 0 {
+            self.send_staged(&mut staged, measured);
+        }
+    }
+
+    /// Sends the staged requests in one `sendmmsg`; what did not go out is
+    /// released and owed again. True when all went.
+    fn send_staged(&mut self, st: &mut Staged, measured: bool) -> bool {
+        let Some(sh) = &self.shared else {
+            return false;
+        };
+        let n = st.n;
+        let went = match sys::send_from(sh.fd, sh.target, &self.batch, self.req_len, &st.srcs, n) {
+            Ok(s) => s,
+            Err(e) if is_transient(&e) => 0,
+            Err(_) => {
+                // Counted as sent: unanswered, they expire as lost.
+                self.counts.io_errors += 1;
+                n
+            }
+        };
+        for i in went..n {
+            let c = st.who[i];
+            self.slots.release(c, st.toks[i]);
+            self.clients[c].owed += 1;
+            self.requeue(c);
+        }
+        if measured {
+            self.counts.sent += went as u64;
+        }
+        st.n = 0;
+        went == n
+    }
+
+    /// One datagram from client `c`, on its own socket or the shared one.
+    fn send_single(&self, c: usize, buf: &[u8]) -> io::Result<usize> {
+        let cl = &self.clients[c];
+        match (&cl.sock, &self.shared) {
+            (Some(sock), _) => sock.send(buf),
+            (None, Some(sh)) => sys::send_from(sh.fd, sh.target, &[buf], buf.len(), &[cl.src], 1),
+            (None, None) => Err(io::ErrorKind::NotConnected.into()),
         }
     }
 
@@ -380,9 +563,13 @@ impl Worker {
             return;
         };
         self.clients[c].next_mid = mid.wrapping_add(1);
-        let buf = &mut self.batch[0];
-        RequestTemplate::patch(buf, mid, tok);
-        match self.clients[c].sock.send(&buf[..self.req_len]) {
+        RequestTemplate::patch(&mut self.batch[0], mid, tok);
+        match self.send_single(c, &self.batch[0][..self.req_len]) {
+            Ok(0) => {
+                // the shared socket's sendmmsg sent nothing: buffer full
+                self.slots.release(c, tok);
+                self.counts.skipped += measured as u64;
+            }
             Ok(_) => self.counts.sent += measured as u64,
             Err(e) if is_transient(&e) => {
                 self.slots.release(c, tok);
@@ -401,16 +588,54 @@ impl Worker {
         let Some(fd) = self.clients.get(c).map(|cl| cl.fd) else {
             return;
         };
-        // Edge-triggered: read until the socket is drained. A short batch
-        // means drained; a datagram arriving later raises a new event.
+        self.drain(fd, Owner::Client(c));
+        if self.clients[c].owed > 0 && Instant::now() < self.timing.send_end {
+            self.flush(c);
+        }
+    }
+
+    /// Reads everything waiting on the shared socket, each datagram for the
+    /// client whose address it was sent to, then (closed loop) sends the
+    /// replacements of all of them together.
+    fn on_shared_readable(&mut self) {
+        let Some(sh) = self.shared.as_ref() else {
+            return;
+        };
+        let (fd, target, first) = (sh.fd, sh.target, sh.first);
+        self.drain(fd, Owner::ByAddress { target, first });
+        let now = Instant::now();
+        if matches!(self.driver, Driver::Closed) && now < self.timing.send_end {
+            self.send_due(now);
+        }
+    }
+
+    /// Reads everything waiting on `fd` and hands each message's datagrams
+    /// to the client `owner` names; datagrams of no client count as
+    /// unmatched. Edge-triggered: reads until the socket is drained (a short
+    /// batch means drained; a datagram arriving later raises a new event).
+    fn drain(&mut self, fd: RawFd, owner: Owner) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        let clients = self.clients.len();
         let mut errors = 0;
         loop {
-            match self.rx.recv(fd) {
+            match rx.recv(fd) {
                 Ok(n) => {
                     let now = Instant::now();
                     for i in 0..n {
-                        let reply = classify(self.rx.get(i));
-                        self.on_reply(c, reply, now);
+                        let Some(c) = owner.of(&rx, i).filter(|&c| c < clients) else {
+                            self.counts.unmatched += rx.datagrams(i).count() as u64;
+                            continue;
+                        };
+                        let mut k = 0;
+                        for d in rx.datagrams(i) {
+                            self.on_reply(c, classify(d), now);
+                            k += 1;
+                        }
+                        if k > 1 {
+                            self.counts.in_trains += k;
+                        }
                     }
                     if n < BATCH {
                         break;
@@ -429,9 +654,7 @@ impl Worker {
                 }
             }
         }
-        if self.clients[c].owed > 0 && Instant::now() < self.timing.send_end {
-            self.flush(c);
-        }
+        self.rx = Some(rx);
     }
 
     fn on_reply(&mut self, c: usize, reply: Reply, now: Instant) {
@@ -445,7 +668,7 @@ impl Worker {
                 if ty == MessageType::Con {
                     // A separate response: acknowledge it (best effort; the
                     // server retransmits if this is lost).
-                    let _ = self.clients[c].sock.send(&empty_ack(mid));
+                    let _ = self.send_single(c, &empty_ack(mid));
                 }
                 let piggybacked = (ty == MessageType::Ack).then_some(mid);
                 self.slots
@@ -484,6 +707,40 @@ impl Worker {
         }
         self.owe(c);
     }
+}
+
+/// Whose datagrams a socket holds.
+#[derive(Clone, Copy)]
+enum Owner {
+    /// A client's own socket.
+    Client(usize),
+    /// The shared socket: the client whose address a datagram was sent to,
+    /// if the target sent it.
+    ByAddress { target: SocketAddrV4, first: u32 },
+}
+
+impl Owner {
+    /// The client message `i` of the last receive into `rx` is for.
+    fn of(self, rx: &RecvBatch, i: usize) -> Option<usize> {
+        match self {
+            Owner::Client(c) => Some(c),
+            Owner::ByAddress { target, first } => match rx.addresses(i) {
+                Some((from, to)) if from == target => {
+                    u32::from(to).checked_sub(first).map(|k| k as usize)
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Requests staged for one `sendmmsg` on the shared socket: entry `i` is
+/// `batch[i]`, of client `who[i]`, from `srcs[i]`.
+struct Staged {
+    who: [usize; BATCH],
+    toks: [Token; BATCH],
+    srcs: [Ipv4Addr; BATCH],
+    n: usize,
 }
 
 /// Errors after which the same send may succeed later: a full socket buffer.

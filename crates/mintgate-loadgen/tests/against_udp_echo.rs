@@ -1,8 +1,9 @@
 //! Short, bounded loads against tiny in-test CoAP responders on 127.0.0.1.
 
+use std::collections::HashSet;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -14,6 +15,8 @@ use mintgate_loadgen::{run, LoadReport, LoadSpec, Mode};
 /// returned flag is set.
 struct Responder {
     addr: SocketAddr,
+    /// Every source a request came from.
+    peers: Arc<Mutex<HashSet<SocketAddr>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -26,6 +29,8 @@ impl Responder {
         let addr = sock.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let peers = Arc::new(Mutex::new(HashSet::new()));
+        let seen_peers = peers.clone();
         let thread = std::thread::spawn(move || {
             let mut buf = [0u8; 1500];
             let mut out = [0u8; 64];
@@ -40,6 +45,7 @@ impl Responder {
                 if req.code() != Code::GET {
                     continue;
                 }
+                seen_peers.lock().unwrap().insert(peer);
                 seen += 1;
                 if drop_every > 0 && seen.is_multiple_of(drop_every) {
                     continue;
@@ -62,6 +68,7 @@ impl Responder {
         });
         Responder {
             addr,
+            peers,
             stop,
             thread: Some(thread),
         }
@@ -234,4 +241,73 @@ fn gso_trains_arrive_as_separate_datagrams_and_are_all_answered() {
     assert_eq!(r.lost, 0, "{r:?}");
     assert_eq!(r.errors, 0);
     assert!(r.received > 100, "{r:?}");
+}
+
+#[test]
+fn shared_socket_clients_each_send_from_their_own_loopback_address() {
+    let srv = Responder::start(0);
+    let mut s = spec(
+        srv.addr,
+        Mode::Closed {
+            clients: 50,
+            window: 1,
+        },
+        true,
+    );
+    s.shared_socket = true;
+    s.threads = 2;
+    let r = run(&s, |_| {}).unwrap();
+    check_consistent(&r);
+    assert_eq!(r.lost, 0, "{r:?}");
+    assert_eq!(r.errors, 0);
+    assert_eq!(r.unmatched, 0, "{r:?}");
+    assert!(r.received > 1000, "{r:?}");
+    let peers = srv.peers.lock().unwrap().clone();
+    let ips: HashSet<_> = peers.iter().map(|p| p.ip()).collect();
+    assert_eq!(peers.len(), 50, "one endpoint per client: {peers:?}");
+    assert_eq!(ips.len(), 50, "each client its own address: {ips:?}");
+    assert!(ips
+        .iter()
+        .all(|ip| ip.is_loopback() && *ip != srv.addr.ip()));
+}
+
+#[test]
+fn shared_socket_open_loop_counts_losses_per_client() {
+    // every 7th request unanswered: lost, the rest matched to their clients
+    let srv = Responder::start(7);
+    let mut s = spec(
+        srv.addr,
+        Mode::Open {
+            clients: 40,
+            rate_per_client: 50.0,
+        },
+        false,
+    );
+    s.shared_socket = true;
+    let r = run(&s, |_| {}).unwrap();
+    check_consistent(&r);
+    assert!(r.lost > 0 && r.received > 0, "{r:?}");
+    let ratio = r.loss_ratio();
+    assert!(
+        (0.10..0.19).contains(&ratio),
+        "1 in 7 dropped, got {ratio}: {r:?}"
+    );
+    assert_eq!(srv.peers.lock().unwrap().len(), 40);
+}
+
+#[test]
+fn shared_socket_needs_an_ipv4_loopback_target_and_no_gso() {
+    let mode = Mode::Closed {
+        clients: 2,
+        window: 1,
+    };
+    let mut v6 = spec("[::1]:5683".parse().unwrap(), mode, false);
+    v6.shared_socket = true;
+    let e = run(&v6, |_| {}).unwrap_err();
+    assert!(e.to_string().contains("IPv4 loopback"), "{e}");
+    let mut gso = spec("127.0.0.1:5683".parse().unwrap(), mode, false);
+    gso.shared_socket = true;
+    gso.gso = true;
+    let e = run(&gso, |_| {}).unwrap_err();
+    assert!(e.to_string().contains("GSO"), "{e}");
 }
