@@ -70,7 +70,9 @@ pub struct BenchArgs {
     /// the server still sees one endpoint per client while the generator
     /// moves many clients' datagrams per system call. Much cheaper with
     /// many clients and few requests outstanding each. IPv4 loopback
-    /// servers only.
+    /// servers only; the shared socket listens on the wildcard address
+    /// (0.0.0.0, an ephemeral port) for the run, to receive what is sent to
+    /// all of the clients' addresses.
     #[arg(long)]
     shared_socket: bool,
     /// Print the report as JSON on stdout.
