@@ -54,21 +54,22 @@ pub fn thread_cpu_time() -> Duration {
 pub const GRO_BUF: usize = 65_535;
 
 /// Asks the kernel to hand trains of equal datagrams from one sender to
-/// `fd` as one message (`UDP_GRO`); false where the kernel cannot.
+/// `fd` as one message (`UDP_GRO`), or (`on` false) to stop; false where
+/// the kernel refused.
 ///
 /// On loopback this only changes anything for datagrams the peer sent as one
 /// `UDP_SEGMENT` train: the kernel then queues the train once instead of
 /// splitting it into datagrams on delivery, and one receive returns all of
 /// it. Datagrams sent one by one arrive as before.
-pub fn enable_gro(fd: RawFd) -> bool {
-    let on: libc::c_int = 1;
-    // SAFETY: `on` is a live c_int of the size passed.
+pub fn set_gro(fd: RawFd, on: bool) -> bool {
+    let v = libc::c_int::from(on);
+    // SAFETY: `v` is a live c_int of the size passed.
     unsafe {
         libc::setsockopt(
             fd,
             libc::SOL_UDP,
             libc::UDP_GRO,
-            (&on as *const libc::c_int).cast(),
+            (&v as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         ) == 0
     }
@@ -95,7 +96,7 @@ pub struct RecvBatch {
 
 impl RecvBatch {
     /// Zeroed buffers: [`RX_BUF`] per message, or [`GRO_BUF`] with `gro`
-    /// (for sockets where [`enable_gro`] succeeded).
+    /// (for sockets where [`set_gro`] turned it on).
     pub fn new(gro: bool) -> RecvBatch {
         let stride = if gro { GRO_BUF } else { RX_BUF };
         RecvBatch {
@@ -469,7 +470,7 @@ mod tests {
     #[test]
     fn a_gso_train_is_received_whole_with_gro_and_split_into_its_datagrams() {
         let (tx, rx_sock) = pair();
-        let gro = enable_gro(rx_sock.as_raw_fd());
+        let gro = set_gro(rx_sock.as_raw_fd(), true);
         let mut sent = msgs(7, 23);
         assert_eq!(
             send_batch(tx.as_raw_fd(), &mut sent, 23, 7, true).unwrap(),
@@ -487,7 +488,7 @@ mod tests {
     #[test]
     fn with_gro_datagrams_sent_one_by_one_arrive_one_by_one() {
         let (tx, rx_sock) = pair();
-        let gro = enable_gro(rx_sock.as_raw_fd());
+        let gro = set_gro(rx_sock.as_raw_fd(), true);
         let sent = msgs(5, 40);
         for m in &sent {
             tx.send(m).unwrap();

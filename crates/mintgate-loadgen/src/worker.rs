@@ -245,12 +245,19 @@ impl Worker {
             }
         };
         let n = clients.len();
-        // GRO only if every socket takes it: one buffer layout for all.
-        let gro = offload.gro
-            && match &shared {
-                Some(sh) => sys::enable_gro(sh.fd),
-                None => clients.iter().all(|c| sys::enable_gro(c.fd)),
-            };
+        // GRO only if every socket takes it: one buffer layout for all, so
+        // where one refuses it is turned off again on the others (a train
+        // read into a datagram-sized buffer would be cut short).
+        let fds: Vec<RawFd> = match &shared {
+            Some(sh) => vec![sh.fd],
+            None => clients.iter().map(|c| c.fd).collect(),
+        };
+        let gro = offload.gro && fds.iter().all(|&fd| sys::set_gro(fd, true));
+        if offload.gro && !gro {
+            for &fd in &fds {
+                sys::set_gro(fd, false);
+            }
+        }
         let rx = match shared {
             Some(_) => RecvBatch::addressed(gro),
             None => RecvBatch::new(gro),
