@@ -527,8 +527,6 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
     })
 }
 
-/// One client's socket: bound to an ephemeral port of the target's family,
-/// connected to the target, non-blocking.
 /// Clients a shared socket can give loopback addresses to.
 const SHARED_MAX_CLIENTS: usize = 1_000_000;
 
@@ -571,6 +569,8 @@ fn per_client(target: SocketAddr, n: usize) -> Result<ClientIo, LoadError> {
         .map(ClientIo::PerClient)
 }
 
+/// One client's socket: bound to an ephemeral port of the target's family,
+/// connected to the target, non-blocking.
 fn open_socket(target: SocketAddr) -> Result<mio::net::UdpSocket, LoadError> {
     let local: SocketAddr = if target.is_ipv4() {
         (Ipv4Addr::UNSPECIFIED, 0).into()

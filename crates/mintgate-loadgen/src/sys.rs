@@ -62,16 +62,30 @@ pub const GRO_BUF: usize = 65_535;
 /// splitting it into datagrams on delivery, and one receive returns all of
 /// it. Datagrams sent one by one arrive as before.
 pub fn set_gro(fd: RawFd, on: bool) -> bool {
-    let v = libc::c_int::from(on);
+    set_int_option(fd, libc::SOL_UDP, libc::UDP_GRO, on.into()).is_ok()
+}
+
+/// `setsockopt` of an int-valued option.
+fn set_int_option(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: `v` is a live c_int of the size passed.
-    unsafe {
+    let r = unsafe {
         libc::setsockopt(
             fd,
-            libc::SOL_UDP,
-            libc::UDP_GRO,
+            level,
+            name,
             (&v as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -244,20 +258,7 @@ fn control(msg: &libc::msghdr) -> (Option<usize>, Option<u32>) {
 /// answers from anyone but the target are counted as unmatched.
 pub fn shared_socket() -> io::Result<std::net::UdpSocket> {
     let s = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-    let on: libc::c_int = 1;
-    // SAFETY: `on` is a live c_int of the size passed.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_PKTINFO,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    set_int_option(s.as_raw_fd(), libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
     s.set_nonblocking(true)?;
     Ok(s)
 }

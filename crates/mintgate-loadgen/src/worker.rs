@@ -427,12 +427,9 @@ impl Worker {
             let measured = now >= self.timing.measure_start;
             let mut n = 0;
             while n < want {
-                let mid = self.clients[c].next_mid;
-                let Some(tok) = self.slots.acquire(c, mid, now, measured) else {
+                let Some(tok) = self.prepare(c, n, now, measured) else {
                     break;
                 };
-                self.clients[c].next_mid = mid.wrapping_add(1);
-                RequestTemplate::patch(&mut self.batch[n], mid, tok);
                 toks[n] = tok;
                 n += 1;
             }
@@ -440,21 +437,14 @@ impl Worker {
                 self.clients[c].owed = 0;
                 return;
             }
-            let went = match sys::send_batch(
+            let r = sys::send_batch(
                 self.clients[c].fd,
                 &mut self.batch,
                 self.req_len,
                 n,
                 self.gso,
-            ) {
-                Ok(s) => s,
-                Err(e) if is_transient(&e) => 0,
-                Err(_) => {
-                    // Counted as sent: unanswered, it expires as lost.
-                    self.counts.io_errors += 1;
-                    n
-                }
-            };
+            );
+            let went = self.went(r, n);
             for &tok in &toks[went..n] {
                 self.slots.release(c, tok);
             }
@@ -465,6 +455,31 @@ impl Worker {
             if went < n {
                 self.requeue(c);
                 return;
+            }
+        }
+    }
+
+    /// Takes a slot for `c`'s next request under its next message ID and
+    /// patches `batch[i]` into that request; `None` when all of `c`'s slots
+    /// are busy.
+    fn prepare(&mut self, c: usize, i: usize, now: Instant, measured: bool) -> Option<Token> {
+        let mid = self.clients[c].next_mid;
+        let tok = self.slots.acquire(c, mid, now, measured)?;
+        self.clients[c].next_mid = mid.wrapping_add(1);
+        RequestTemplate::patch(&mut self.batch[i], mid, tok);
+        Some(tok)
+    }
+
+    /// How many of `n` datagrams a send's result counts as sent: those sent;
+    /// none when the socket buffer was full; all of them after any other
+    /// error, which is counted (unanswered, they expire as lost).
+    fn went(&mut self, r: io::Result<usize>, n: usize) -> usize {
+        match r {
+            Ok(s) => s,
+            Err(e) if is_transient(&e) => 0,
+            Err(_) => {
+                self.counts.io_errors += 1;
+                n
             }
         }
     }
@@ -500,15 +515,12 @@ impl Worker {
                     }
                     return;
                 }
-                let mid = self.clients[c].next_mid;
-                let Some(tok) = self.slots.acquire(c, mid, now, measured) else {
+                let i = staged.n;
+                let Some(tok) = self.prepare(c, i, now, measured) else {
                     self.clients[c].owed = 0;
                     break;
                 };
-                self.clients[c].next_mid = mid.wrapping_add(1);
                 self.clients[c].owed -= 1;
-                let i = staged.n;
-                RequestTemplate::patch(&mut self.batch[i], mid, tok);
                 staged.who[i] = c;
                 staged.toks[i] = tok;
                 staged.srcs[i] = self.clients[c].src;
@@ -527,15 +539,8 @@ impl Worker {
             return false;
         };
         let n = st.n;
-        let went = match sys::send_from(sh.fd, sh.target, &self.batch, self.req_len, &st.srcs, n) {
-            Ok(s) => s,
-            Err(e) if is_transient(&e) => 0,
-            Err(_) => {
-                // Counted as sent: unanswered, they expire as lost.
-                self.counts.io_errors += 1;
-                n
-            }
-        };
+        let r = sys::send_from(sh.fd, sh.target, &self.batch, self.req_len, &st.srcs, n);
+        let went = self.went(r, n);
         for i in went..n {
             let c = st.who[i];
             self.slots.release(c, st.toks[i]);
@@ -564,28 +569,18 @@ impl Worker {
     fn send_one(&mut self, c: usize) {
         let now = Instant::now();
         let measured = now >= self.timing.measure_start;
-        let mid = self.clients[c].next_mid;
-        let Some(tok) = self.slots.acquire(c, mid, now, measured) else {
+        let Some(tok) = self.prepare(c, 0, now, measured) else {
             self.counts.skipped += measured as u64;
             return;
         };
-        self.clients[c].next_mid = mid.wrapping_add(1);
-        RequestTemplate::patch(&mut self.batch[0], mid, tok);
-        match self.send_single(c, &self.batch[0][..self.req_len]) {
-            Ok(0) => {
-                // the shared socket's sendmmsg sent nothing: buffer full
-                self.slots.release(c, tok);
-                self.counts.skipped += measured as u64;
-            }
-            Ok(_) => self.counts.sent += measured as u64,
-            Err(e) if is_transient(&e) => {
-                self.slots.release(c, tok);
-                self.counts.skipped += measured as u64;
-            }
-            Err(_) => {
-                self.counts.io_errors += 1;
-                self.counts.sent += measured as u64;
-            }
+        let r = self.send_single(c, &self.batch[0][..self.req_len]);
+        if self.went(r, 1) == 0 {
+            // socket buffer full (the shared socket's sendmmsg may also
+            // report that as nothing sent)
+            self.slots.release(c, tok);
+            self.counts.skipped += measured as u64;
+        } else {
+            self.counts.sent += measured as u64;
         }
     }
 
