@@ -450,6 +450,9 @@ pub struct VtaSection {
     /// before the pool grows (it shrinks below half of it); 1.0 sizes the
     /// pool exactly as the paper's equation 6.
     pub util_high: f64,
+    /// Busy share from which a pool below the core count tries one thread
+    /// more and keeps it only if throughput rises; 1.0 or more: never.
+    pub trial_util: f64,
 }
 
 impl Default for VtaSection {
@@ -465,6 +468,7 @@ impl Default for VtaSection {
             workload_change: d.workload_change,
             queue_delay_ms: d.queue_delay * 1e3,
             util_high: d.util_high,
+            trial_util: d.trial_util,
         }
     }
 }
@@ -933,6 +937,10 @@ impl Config {
         {
             return v("vta", "n, max_threads and w_s must be positive".into());
         }
+        let t = self.vta.trial_util;
+        if t.is_nan() || t < 0.0 {
+            return v("vta.trial_util", format!("{t} is not a share >= 0"));
+        }
         self.mqtt.validate(&self.devices.list)?;
         self.access.validate()?;
         Ok(())
@@ -975,6 +983,7 @@ impl Config {
             workload_change: self.vta.workload_change,
             queue_delay: self.vta.queue_delay_ms / 1e3,
             util_high: self.vta.util_high.clamp(0.1, 1.0),
+            trial_util: self.vta.trial_util,
         }
     }
 
@@ -1085,6 +1094,10 @@ bearer_tokens = ["s3cret-bearer"]
             .unwrap_err()
             .to_string();
         assert!(e.contains("largest block"), "{e}");
+        let e = Config::from_toml("[vta]\ntrial_util = -0.5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("vta.trial_util"), "{e}");
         let c = Config::from_toml("[coap]\nbind = [\"127.0.0.1:7000\"]\n[pipeline]\nthreads = 3\n")
             .unwrap();
         assert_eq!(c.threads(), 3);

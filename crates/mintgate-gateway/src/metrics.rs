@@ -493,7 +493,7 @@ pub fn vta_json(gw: &GatewayHandle) -> Value {
             "r_t": d.r_t, "h_t": d.h_t, "n_t": d.n_t, "qs_t": d.qs_t, "ht_t": d.ht_t,
             "pd_t": d.pd_t, "e_t": d.e_t, "q_t": d.q_t, "p_next": d.p_next,
             "nt_max": d.nt_max, "n_next": d.n_next, "saturated": d.saturated,
-            "climb": format!("{:?}", d.climb),
+            "climb": format!("{:?}", d.climb), "trial": format!("{:?}", d.trial),
         }),
         None => Value::Null,
     }

@@ -19,4 +19,4 @@ mod vta;
 pub use manager::{Group, GroupStats, QueueFull, ThreadPoolManager};
 pub use observer::{Observer, ObserverHandle, PipelineCounters, Sample};
 pub use pool::{ThreadPool, Worker};
-pub use vta::{Climb, Decision, Vta, VtaConfig};
+pub use vta::{Climb, Decision, Trial, Vta, VtaConfig};
