@@ -62,7 +62,10 @@
 //!    for `hold` samples, keeps it (as a floor, until the load halves) only
 //!    if throughput rose by more than `improve`, and otherwise goes back
 //!    and waits `reprobe_after` samples before the next trial. Under a
-//!    fixed arrival rate a trial gains nothing and is undone.
+//!    fixed arrival rate a trial gains nothing and is undone. For n samples
+//!    after an undone trial `HT` still averages the trial's seconds (lower
+//!    per thread where two threads contend), which inflates `P`; the pool
+//!    then grows past the count it went back to only when saturated.
 //!
 //! So blocking handlers (sensor reads: `HT` low, throughput grows with
 //! threads) climb past the core count, and CPU-bound ones (throughput flat
@@ -220,6 +223,10 @@ pub struct Vta {
     floor: Option<(usize, f64)>,
     /// Samples since the last trial ended.
     since_trial: u32,
+    /// The count an undone trial went back to: for the next n samples, while
+    /// `HT` still averages the trial's seconds, the pool grows past it only
+    /// when saturated.
+    after_undo: Option<usize>,
 }
 
 impl Vta {
@@ -238,6 +245,7 @@ impl Vta {
             probe: None,
             floor: None,
             since_trial: cfg.reprobe_after,
+            after_undo: None,
             cfg,
         }
     }
@@ -360,6 +368,9 @@ impl Vta {
         band: usize,
     ) -> (usize, Trial) {
         self.since_trial = self.since_trial.saturating_add(1);
+        if self.since_trial > self.cfg.n as u32 {
+            self.after_undo = None;
+        }
         if let Some((_, earned)) = self.floor {
             if h_t < earned / 2.0 {
                 self.floor = None;
@@ -385,10 +396,13 @@ impl Vta {
                 self.floor = Some((from + 1, mean));
                 return (band.max(from + 1), Trial::Kept);
             }
-            let back = if band > n_t { band } else { band.min(from) };
-            return (back.max(floor.min(from)), Trial::Undone);
+            self.after_undo = Some(from);
+            return (from, Trial::Undone);
         }
-        let n_next = band.max(floor);
+        let n_next = match self.after_undo {
+            Some(f) if !saturated => band.max(floor).min(f.max(floor)),
+            _ => band.max(floor),
+        };
         if !saturated
             && steady
             && n_next == n_t
@@ -551,8 +565,9 @@ mod tests {
         },
         /// A cheap handler whose threads also receive and wait: `caps[n-1]`
         /// is what n threads complete (the last entry for more), but the
-        /// busy time counts only the handling, `1 / per_busy` per request.
-        Hidden { per_busy: f64, caps: [f64; 3] },
+        /// busy time counts only the handling, `1 / per_busy[n-1]` per
+        /// request (lower per thread where threads contend).
+        Hidden { per_busy: [f64; 3], caps: [f64; 3] },
     }
 
     impl Work {
@@ -583,7 +598,7 @@ mod tests {
         /// Busy thread-seconds to complete `h` with `n` threads.
         fn busy(self, h: f64, n: usize) -> f64 {
             if let Work::Hidden { per_busy, .. } = self {
-                return h / per_busy;
+                return h / per_busy[n.clamp(1, per_busy.len()) - 1];
             }
             let cap = self.capacity(n);
             if cap <= 0.0 {
@@ -725,13 +740,13 @@ mod tests {
     /// the handling measure yet slower than two. (The plant's closed loop
     /// caps a client at 1000/s, hence 200 clients for 100 in the bench.)
     const CON_LIKE: Work = Work::Hidden {
-        per_busy: 215_000.0,
+        per_busy: [215_000.0; 3],
         caps: [140_000.0, 180_000.0, 175_000.0],
     };
     /// Closed-loop NON windows where one thread is 55 % busy and two are
     /// slower (measured: 37-49 % busy, so trials are rarer still).
     const NON_LIKE: Work = Work::Hidden {
-        per_busy: 450_000.0,
+        per_busy: [450_000.0; 3],
         caps: [250_000.0, 210_000.0, 200_000.0],
     };
 
@@ -764,6 +779,24 @@ mod tests {
         assert_eq!(*used.last().unwrap(), 1, "{used:?}");
         let mean = run.iter().map(|x| x.1).sum::<f64>() / run.len() as f64;
         assert!(mean >= 0.95 * NON_LIKE.capacity(1), "{mean}: {used:?}");
+    }
+
+    #[test]
+    fn an_undone_trial_does_not_inflate_the_next_sizing() {
+        // NON windows from a socket per client: one thread 65 % busy, two
+        // slower and each much less efficient, so for n seconds after a
+        // trial HT (averaged over the last n samples) is low and P at one
+        // thread reads above util_high
+        let work = Work::Hidden {
+            per_busy: [330_000.0, 220_000.0, 210_000.0],
+            caps: [215_000.0, 200_000.0, 190_000.0],
+        };
+        let (mut v, mut n) = (Vta::new(cfg()), 1);
+        let run = closed_loop_noisy(&mut v, work, 300, 120, &mut n, 0.05);
+        let used: Vec<_> = run.iter().map(|x| x.0).collect();
+        let at_two = used.iter().filter(|&&k| k > 1).count();
+        assert!((2..=10).contains(&at_two), "{used:?}");
+        assert_eq!(*used.last().unwrap(), 1, "{used:?}");
     }
 
     #[test]
