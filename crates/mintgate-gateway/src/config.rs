@@ -437,9 +437,11 @@ pub struct VtaSection {
     pub max_threads: usize,
     /// Relative throughput gain that justifies one more thread.
     pub improve: f64,
-    /// Saturated seconds at a new cap before it is judged.
+    /// Saturated seconds at a new cap before it is judged; also the length
+    /// of a trial below saturation.
     pub hold_s: u32,
-    /// Saturated seconds at a settled cap before one more thread is tried.
+    /// Saturated seconds at a settled cap before one more thread is tried;
+    /// also the wait between trials below saturation.
     pub reprobe_after_s: u32,
     /// Relative change of the per-thread rate that restarts the climb.
     pub workload_change: f64,
