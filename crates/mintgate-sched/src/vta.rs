@@ -311,9 +311,17 @@ impl Vta {
         // saturated: demand above the threads there were, or requests that
         // wait in the queue longer than `queue_delay`, second after second
         let prev = history.len().checked_sub(2).map(|i| &history[i]);
+        // the previous second: its thread count and completions per second
+        let prev_nh = prev.map(|p| {
+            (
+                p.n as usize,
+                p.h as f64 / if p.dt > 0.0 { p.dt } else { 1.0 },
+            )
+        });
         let waits = |qs: u64, h: f64| h > 0.0 && qs as f64 / h > self.cfg.queue_delay;
-        let prev_waits =
-            prev.is_some_and(|p| waits(p.qs, p.h as f64 / if p.dt > 0.0 { p.dt } else { 1.0 }));
+        let prev_waits = prev
+            .zip(prev_nh)
+            .is_some_and(|(p, (_, ph))| waits(p.qs, ph));
         let saturated = p_next > n_t as f64 + 0.5 || (waits(qs_t, h_t) && prev_waits);
 
         let want = if p_next.is_finite() {
@@ -332,10 +340,7 @@ impl Vta {
         } else {
             n_t
         };
-        let prev_h = prev.map(|p| p.h as f64 / if p.dt > 0.0 { p.dt } else { 1.0 });
-        let steady = prev.is_some_and(|p| p.n as usize == n_t)
-            && prev_h.is_some_and(|ph| ph >= 0.8 * h_t && ph <= 1.25 * h_t);
-        let (n_next, trial) = self.trial(n_t, h_t, prev_h, util, saturated, steady, band);
+        let (n_next, trial) = self.trial(n_t, h_t, prev_nh, util, saturated, band);
         let n_next = n_next.min(self.nt_max).max(1);
         Decision {
             r_t,
@@ -356,17 +361,16 @@ impl Vta {
     }
 
     /// Correction 5: a trial of one thread more while the pool is busy but
-    /// not saturated. `band` is what the utilization band asks for; returns
-    /// the count to use and what the trial did.
-    #[allow(clippy::too_many_arguments)]
+    /// not saturated. `prev` is the previous second's thread count and
+    /// completions per second, `band` what the utilization band asks for;
+    /// returns the count to use and what the trial did.
     fn trial(
         &mut self,
         n_t: usize,
         h_t: f64,
-        prev_h: Option<f64>,
+        prev: Option<(usize, f64)>,
         util: f64,
         saturated: bool,
-        steady: bool,
         band: usize,
     ) -> (usize, Trial) {
         self.since_trial = self.since_trial.saturating_add(1);
@@ -405,6 +409,8 @@ impl Vta {
             Some(f) if !saturated => band.max(floor).min(f.max(floor)),
             _ => band.max(floor),
         };
+        // steady: the previous second ran as many threads at about this rate
+        let steady = prev.is_some_and(|(n, ph)| n == n_t && ph >= 0.8 * h_t && ph <= 1.25 * h_t);
         if !saturated
             && steady
             && n_next == n_t
@@ -414,7 +420,7 @@ impl Vta {
             && self.cfg.trial_util < 1.0
             && self.since_trial >= self.cfg.reprobe_after
         {
-            let base = prev_h.map_or(h_t, |ph| (ph + h_t) / 2.0);
+            let base = prev.map_or(h_t, |(_, ph)| (ph + h_t) / 2.0);
             self.probe = Some(Probe {
                 from: n_t,
                 base,
@@ -746,7 +752,7 @@ mod tests {
         caps: [140_000.0, 180_000.0, 175_000.0],
     };
     /// Closed-loop NON windows where one thread is 55 % busy and two are
-    /// slower (measured: 37-49 % busy, so trials are rarer still).
+    /// slower (measured: 31-53 % busy, so trials are rarer still).
     const NON_LIKE: Work = Work::Hidden {
         per_busy: [450_000.0; 3],
         caps: [250_000.0, 210_000.0, 200_000.0],
