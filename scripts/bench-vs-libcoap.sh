@@ -62,6 +62,7 @@ NON_WINDOW=${NON_WINDOW:-16}
 OPEN_CLIENTS=${OPEN_CLIENTS:-1000}
 OPEN_RATE=${OPEN_RATE:-10}
 MG_ARGS=${MG_ARGS:-}
+LC_PREFIX=
 GEN_ARGS=${GEN_ARGS---gro --shared-socket}
 MG=127.0.0.1:5683
 LC=127.0.0.1:5684
@@ -91,7 +92,8 @@ start_servers() {
     for addr in $LC $MG; do
         if answers "$addr"; then echo "something already serves coap://$addr/request: stop it first" >&2; exit 1; fi
     done
-    coap-server-notls -A 127.0.0.1 -p "${LC#*:}" -d 10 >"$OUT/libcoap.log" 2>&1 &
+    # shellcheck disable=SC2086
+    $LC_PREFIX coap-server-notls -A 127.0.0.1 -p "${LC#*:}" -d 10 >"$OUT/libcoap.log" 2>&1 &
     PIDS+=($!)
     # shellcheck disable=SC2086
     "$BIN" serve --coap "$MG" --log warn $MG_ARGS >"$OUT/mintgate.log" 2>&1 &
@@ -146,6 +148,10 @@ if [ -n "$GEN_ARGS" ]; then
     GEN_ARGS= run_case plain --non --clients "$NON_CLIENTS" --window "$NON_WINDOW"
     GEN_ARGS= run_case conplain --con --clients 100 --window 1
 fi
+# For information: the CON load with libcoap run as SCHED_BATCH too (mintgate's
+# receiver switches to it above pipeline.batch_sched_above), to show what the
+# policy alone does for a single-threaded server.
+LC_PREFIX="chrt -b 0" run_case conlcbatch --con --clients 100 --window 1
 
 python3 - "$OUT" "$ROUNDS" "$WARMUP" "$(getconf CLK_TCK)" <<'PY'
 import json, re, statistics, sys
@@ -179,6 +185,7 @@ cases = [
     ("burst", "for information: NON closed loop with burst arrivals (--gso)", "info", None),
     ("plain", "for information: NON closed loop, a socket per client, no GRO", "info", None),
     ("conplain", "for information: CON 100 x 1, a socket per client, no GRO", "info", None),
+    ("conlcbatch", "for information: CON 100 x 1, libcoap run as SCHED_BATCH (chrt -b 0)", "info", None),
 ]
 verdicts = []
 for case, title, kind, want in cases:

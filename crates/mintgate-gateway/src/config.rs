@@ -732,6 +732,11 @@ pub struct PipelineConfig {
     /// An idle handler thread first reads what waits in the socket (the
     /// Network Receiver stage, run without blocking) before it sleeps.
     pub handler_receives: bool,
+    /// Datagrams per second (over 100 ms) from which the Network Receiver
+    /// threads run as `SCHED_BATCH` (no wake-up preemption, so senders
+    /// finish their batches and the receiver reads them whole); back to the
+    /// normal policy below three quarters of it. 0 = never.
+    pub batch_sched_above: u64,
 }
 
 impl Default for PipelineConfig {
@@ -748,6 +753,7 @@ impl Default for PipelineConfig {
             observer_samples: 120,
             spin_us: 0,
             handler_receives: true,
+            batch_sched_above: 50_000,
         }
     }
 }

@@ -28,8 +28,10 @@ use mintgate_coap::server::{
     ResetReason, Resource, ResponseBuilder, Router, Seen,
 };
 use mintgate_coap::wire::{empty_message, Code, MessageType, Packet};
+use mintgate_sched::priority::{self, Applied, Priority};
 use mintgate_sched::{
-    Decision, Observer, PipelineCounters, Sample, ThreadPool, ThreadPoolManager, Vta, Worker,
+    BatchSwitch, Decision, Observer, PipelineCounters, Sample, ThreadPool, ThreadPoolManager, Vta,
+    Worker,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -875,10 +877,40 @@ fn wait_readable(sock: &UdpSocket, timeout: Duration) -> bool {
 }
 
 /// The dedicated Network Receiver thread of listener `li`.
+///
+/// Above `pipeline.batch_sched_above` datagrams per second (all listeners
+/// together) it runs as `SCHED_BATCH`; see [`BatchSwitch`] for why.
 fn receive_loop(sh: &Shared, li: usize) {
+    let c = &sh.counters;
     let mut r = Receiver::new(sh, li, sh.cfg.pipeline.receive_batch);
+    let mut switch = BatchSwitch::new(
+        sh.cfg.pipeline.batch_sched_above,
+        Instant::now(),
+        c.nr_datagrams.load(Relaxed),
+    );
+    // what the kernel granted, so the gauge counts only real batch threads
+    let mut in_batch = false;
     while !sh.stop.load(Relaxed) {
         r.receive_once(sh, true);
+        if let Some(on) = switch.update(Instant::now(), c.nr_datagrams.load(Relaxed)) {
+            let applied = priority::set_current_thread_priority(if on {
+                Priority::Batch
+            } else {
+                Priority::Normal
+            });
+            tracing::debug!(listener = li, ?applied, "network receiver policy");
+            let now_batch = matches!(applied, Applied::Batch(_));
+            if now_batch && !in_batch {
+                c.nr_batch_threads.fetch_add(1, Relaxed);
+                c.nr_batch_switches.fetch_add(1, Relaxed);
+            } else if !now_batch && in_batch {
+                c.nr_batch_threads.fetch_sub(1, Relaxed);
+            }
+            in_batch = now_batch;
+        }
+    }
+    if in_batch {
+        c.nr_batch_threads.fetch_sub(1, Relaxed);
     }
 }
 

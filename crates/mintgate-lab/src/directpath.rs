@@ -205,6 +205,10 @@ fn precise_timers<T>(f: impl FnOnce() -> T) -> T {
     match before {
         Applied::Realtime(l) => priority::set_current_thread_priority(Priority::Realtime(l)),
         Applied::Nice(n) => priority::set_current_thread_priority(Priority::Nice(n)),
+        Applied::Batch(n) => {
+            priority::set_current_thread_priority(Priority::Nice(n));
+            priority::set_current_thread_priority(Priority::Batch)
+        }
         Applied::Unchanged(_) => priority::set_current_thread_priority(Priority::Normal),
     };
     if old > 0 {

@@ -9,13 +9,17 @@
 //! - [`Observer`]: the Performance Observer. Every stage counts into one
 //!   [`PipelineCounters`]; the observer turns the counters into one
 //!   [`Sample`] per second and keeps the last ones.
+//! - [`BatchSwitch`]: when a Network Receiver thread gives up wake-up
+//!   preemption (`SCHED_BATCH`) under heavy load.
 
+mod batch_switch;
 mod manager;
 mod observer;
 mod pool;
 pub mod priority;
 mod vta;
 
+pub use batch_switch::BatchSwitch;
 pub use manager::{Group, GroupStats, QueueFull, ThreadPoolManager};
 pub use observer::{Observer, ObserverHandle, PipelineCounters, Sample};
 pub use pool::{ThreadPool, Worker};

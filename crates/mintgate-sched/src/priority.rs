@@ -9,6 +9,11 @@
 //!   nice per thread); raising priority (negative nice) has the same
 //!   permission rules and fallback.
 //! - [`Priority::Normal`]: `SCHED_OTHER`, nice 0.
+//! - [`Priority::Batch`]: `SCHED_BATCH`, nice 0. Any thread may take it. A
+//!   batch thread that wakes up does not preempt the thread running on its
+//!   CPU; it waits for that thread to sleep or for the next tick. The
+//!   Network Receiver switches to it under heavy load (see
+//!   [`crate::BatchSwitch`]).
 //!
 //! Every call reports what was actually applied, so callers can log it and
 //! tests can check it without assuming privileges.
@@ -24,6 +29,8 @@ pub enum Priority {
     Nice(i8),
     /// `SCHED_OTHER`, nice 0.
     Normal,
+    /// `SCHED_BATCH`, nice 0: no wake-up preemption.
+    Batch,
 }
 
 /// What the thread got.
@@ -33,6 +40,8 @@ pub enum Applied {
     Realtime(u8),
     /// `SCHED_OTHER` at this nice value.
     Nice(i8),
+    /// `SCHED_BATCH` at this nice value.
+    Batch(i8),
     /// Nothing could be changed (errno of the last refusal).
     Unchanged(i32),
 }
@@ -86,6 +95,11 @@ pub fn set_current_thread_priority(p: Priority) -> Applied {
                 Err(e) => Applied::Unchanged(e.raw_os_error().unwrap_or(0)),
             }
         }
+        Priority::Batch => match set_policy(libc::SCHED_BATCH, 0) {
+            // the nice value is kept across the policy change
+            Ok(()) => Applied::Batch(current_nice()),
+            Err(e) => Applied::Unchanged(e.raw_os_error().unwrap_or(0)),
+        },
     }
 }
 
@@ -110,9 +124,16 @@ pub fn current_thread_priority() -> Applied {
     if r == 0 && policy == libc::SCHED_FIFO {
         return Applied::Realtime(param.sched_priority as u8);
     }
+    if r == 0 && policy == libc::SCHED_BATCH {
+        return Applied::Batch(current_nice());
+    }
+    Applied::Nice(current_nice())
+}
+
+fn current_nice() -> i8 {
     // SAFETY: getpriority on our own thread id; -1 can be a valid value.
     let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid()) };
-    Applied::Nice(n as i8)
+    n as i8
 }
 
 #[cfg(test)]
@@ -134,6 +155,7 @@ mod tests {
             match got {
                 Applied::Realtime(l) => assert_eq!(l, 10),
                 Applied::Nice(n) => assert!(n <= 5),
+                Applied::Batch(_) => panic!("asked for realtime, got batch"),
                 Applied::Unchanged(_) => {}
             }
             let back = set_current_thread_priority(Priority::Normal);
@@ -143,5 +165,35 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn batch_is_granted_without_privileges_and_undone_by_normal() {
+        std::thread::spawn(|| {
+            // nice 3 first, which batch keeps (lowering needs no privilege)
+            assert_eq!(
+                set_current_thread_priority(Priority::Nice(3)),
+                Applied::Nice(3)
+            );
+            assert_eq!(
+                set_current_thread_priority(Priority::Batch),
+                Applied::Batch(3)
+            );
+            assert_eq!(current_thread_priority(), Applied::Batch(3));
+            assert_eq!(policy_in_proc(), libc::SCHED_BATCH);
+            set_current_thread_priority(Priority::Normal);
+            assert!(matches!(current_thread_priority(), Applied::Nice(_)));
+            assert_eq!(policy_in_proc(), libc::SCHED_OTHER);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// The calling thread's policy as /proc reports it (field 41 of stat).
+    fn policy_in_proc() -> i32 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        // the command name may hold spaces: fields count from after ')'
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        rest.split(' ').nth(41 - 3).unwrap().parse().unwrap()
     }
 }
