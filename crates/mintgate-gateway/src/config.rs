@@ -733,9 +733,9 @@ pub struct PipelineConfig {
     /// Network Receiver stage, run without blocking) before it sleeps.
     pub handler_receives: bool,
     /// Datagrams per second (over 100 ms) from which the Network Receiver
-    /// threads run as `SCHED_BATCH` (no wake-up preemption, so senders
-    /// finish their batches and the receiver reads them whole); back to the
-    /// normal policy below three quarters of it. 0 = never.
+    /// and handler threads run as `SCHED_BATCH` (no wake-up preemption, so
+    /// senders finish their batches and the receiver reads them whole);
+    /// back to the normal policy below three quarters of it. 0 = never.
     pub batch_sched_above: u64,
 }
 

@@ -164,16 +164,16 @@ pub fn render_prometheus(gw: &GatewayHandle) -> String {
         get(&c.nr_datagrams),
     );
     f.one(
-        "mintgate_nr_batch_threads",
+        "mintgate_pipeline_batch_threads",
         "gauge",
-        "Network Receiver threads running as SCHED_BATCH now (pipeline.batch_sched_above).",
-        get(&c.nr_batch_threads),
+        "Network Receiver and handler threads running as SCHED_BATCH now (pipeline.batch_sched_above).",
+        get(&c.pipeline_batch_threads),
     );
     f.one(
-        "mintgate_nr_batch_switches_total",
+        "mintgate_pipeline_batch_switches_total",
         "counter",
-        "Times a Network Receiver thread switched to SCHED_BATCH.",
-        get(&c.nr_batch_switches),
+        "Times a Network Receiver or handler thread switched to SCHED_BATCH.",
+        get(&c.pipeline_batch_switches),
     );
     f.one(
         "mintgate_nr_requests_total",

@@ -877,40 +877,73 @@ fn wait_readable(sock: &UdpSocket, timeout: Duration) -> bool {
 }
 
 /// The dedicated Network Receiver thread of listener `li`.
-///
-/// Above `pipeline.batch_sched_above` datagrams per second (all listeners
-/// together) it runs as `SCHED_BATCH`; see [`BatchSwitch`] for why.
 fn receive_loop(sh: &Shared, li: usize) {
-    let c = &sh.counters;
     let mut r = Receiver::new(sh, li, sh.cfg.pipeline.receive_batch);
-    let mut switch = BatchSwitch::new(
-        sh.cfg.pipeline.batch_sched_above,
-        Instant::now(),
-        c.nr_datagrams.load(Relaxed),
-    );
-    // what the kernel granted, so the gauge counts only real batch threads
-    let mut in_batch = false;
+    let mut policy = ThreadPolicy::new(sh, "network receiver");
     while !sh.stop.load(Relaxed) {
         r.receive_once(sh, true);
-        if let Some(on) = switch.update(Instant::now(), c.nr_datagrams.load(Relaxed)) {
-            let applied = priority::set_current_thread_priority(if on {
-                Priority::Batch
-            } else {
-                Priority::Normal
-            });
-            tracing::debug!(listener = li, ?applied, "network receiver policy");
-            let now_batch = matches!(applied, Applied::Batch(_));
-            if now_batch && !in_batch {
-                c.nr_batch_threads.fetch_add(1, Relaxed);
-                c.nr_batch_switches.fetch_add(1, Relaxed);
-            } else if !now_batch && in_batch {
-                c.nr_batch_threads.fetch_sub(1, Relaxed);
-            }
-            in_batch = now_batch;
+        policy.update();
+    }
+}
+
+/// A pipeline thread's scheduling policy: `SCHED_BATCH` above
+/// `pipeline.batch_sched_above` datagrams per second (all listeners
+/// together), the normal policy below; see [`BatchSwitch`] for why. Counted
+/// in the `pipeline_batch_threads` gauge only for what the kernel granted,
+/// and uncounted when the thread ends.
+struct ThreadPolicy<'a> {
+    counters: &'a PipelineCounters,
+    switch: BatchSwitch,
+    in_batch: bool,
+    what: &'static str,
+}
+
+impl<'a> ThreadPolicy<'a> {
+    fn new(sh: &'a Shared, what: &'static str) -> ThreadPolicy<'a> {
+        let c = &*sh.counters;
+        ThreadPolicy {
+            counters: c,
+            switch: BatchSwitch::new(
+                sh.cfg.pipeline.batch_sched_above,
+                Instant::now(),
+                c.nr_datagrams.load(Relaxed),
+            ),
+            in_batch: false,
+            what,
         }
     }
-    if in_batch {
-        c.nr_batch_threads.fetch_sub(1, Relaxed);
+
+    /// Looks at the datagram rate and switches the calling thread if due.
+    fn update(&mut self) {
+        let c = self.counters;
+        let Some(on) = self
+            .switch
+            .update(Instant::now(), c.nr_datagrams.load(Relaxed))
+        else {
+            return;
+        };
+        let applied = priority::set_current_thread_priority(if on {
+            Priority::Batch
+        } else {
+            Priority::Normal
+        });
+        tracing::debug!(thread = self.what, ?applied, "pipeline thread policy");
+        let now_batch = matches!(applied, Applied::Batch(_));
+        if now_batch && !self.in_batch {
+            c.pipeline_batch_threads.fetch_add(1, Relaxed);
+            c.pipeline_batch_switches.fetch_add(1, Relaxed);
+        } else if !now_batch && self.in_batch {
+            c.pipeline_batch_threads.fetch_sub(1, Relaxed);
+        }
+        self.in_batch = now_batch;
+    }
+}
+
+impl Drop for ThreadPolicy<'_> {
+    fn drop(&mut self) {
+        if self.in_batch {
+            self.counters.pipeline_batch_threads.fetch_sub(1, Relaxed);
+        }
     }
 }
 
@@ -978,7 +1011,9 @@ fn handler_loop(sh: &Shared, w: &Worker) {
     let mut receivers: Vec<Receiver> = (0..sh.listeners.len())
         .map(|li| Receiver::new(sh, li, sh.cfg.pipeline.receive_batch))
         .collect();
+    let mut policy = ThreadPolicy::new(sh, "handler");
     while !w.should_stop() {
+        policy.update();
         let share = c.htp_threads.load(Relaxed).max(1) as usize;
         if sh.cfg.pipeline.handler_receives && sh.queue.is_empty_hint() {
             for r in receivers.iter_mut() {

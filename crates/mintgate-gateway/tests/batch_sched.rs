@@ -1,7 +1,7 @@
-//! The Network Receiver runs as SCHED_BATCH above `batch_sched_above`
-//! datagrams per second, and at the normal policy again when load falls.
-//! Its own test binary, so that the only `nr-*` threads in the process are
-//! this gateway's.
+//! The Network Receiver and the handler threads run as SCHED_BATCH above
+//! `batch_sched_above` datagrams per second, and at the normal policy again
+//! when load falls. Its own test binary, so that the only `nr-*` and `htp-*`
+//! threads in the process are this gateway's.
 
 use std::net::UdpSocket;
 use std::sync::atomic::Ordering::Relaxed;
@@ -11,16 +11,16 @@ use mintgate_coap::wire::{Code, MessageType, MessageWriter, OptionNumber};
 use mintgate_gateway::config::PoolMode;
 use mintgate_gateway::{resources, Config, Gateway};
 
-/// Scheduling policy of every thread of this process named `nr-*`, from
-/// field 41 of /proc/self/task/TID/stat.
-fn receiver_policies() -> Vec<i32> {
+/// Scheduling policy of every thread of this process named `nr-*` or
+/// `htp-*`, from field 41 of /proc/self/task/TID/stat.
+fn pipeline_policies() -> Vec<i32> {
     let mut out = Vec::new();
     for t in std::fs::read_dir("/proc/self/task").unwrap() {
         let dir = t.unwrap().path();
         let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
             continue;
         };
-        if !comm.starts_with("nr-") {
+        if !comm.starts_with("nr-") && !comm.starts_with("htp-") {
             continue;
         }
         let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
@@ -51,12 +51,12 @@ fn receiver_switches_to_batch_under_load_and_back_when_it_falls() {
     s.connect(gw.local_addrs()[0]).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
-    // the receiver names itself once it runs
+    // a thread names itself once it runs: one receiver, one handler
     let end = Instant::now() + Duration::from_secs(2);
-    while receiver_policies().is_empty() && Instant::now() < end {
+    while pipeline_policies().len() < 2 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(receiver_policies(), vec![libc::SCHED_OTHER]);
+    assert_eq!(pipeline_policies(), vec![libc::SCHED_OTHER; 2]);
 
     // about 10,000 requests/s in bursts of 20 every 2 ms, for at most 3 s
     // or until the receiver has switched and stayed so for 300 ms
@@ -75,28 +75,39 @@ fn receiver_switches_to_batch_under_load_and_back_when_it_falls() {
             }
         }
         std::thread::sleep(Duration::from_millis(2));
-        if counters.nr_batch_threads.load(Relaxed) == 1 {
+        if counters.pipeline_batch_threads.load(Relaxed) == 2 {
             let t = *since.get_or_insert_with(Instant::now);
             if t.elapsed() > Duration::from_millis(300) {
                 break;
             }
         }
     }
-    assert_eq!(counters.nr_batch_threads.load(Relaxed), 1, "switched on");
-    assert_eq!(receiver_policies(), vec![libc::SCHED_BATCH]);
-    assert!(counters.nr_batch_switches.load(Relaxed) >= 1);
+    assert_eq!(
+        counters.pipeline_batch_threads.load(Relaxed),
+        2,
+        "switched on"
+    );
+    assert_eq!(pipeline_policies(), vec![libc::SCHED_BATCH; 2]);
+    assert!(counters.pipeline_batch_switches.load(Relaxed) >= 2);
 
-    // quiet: back within a couple of 100 ms windows (the receiver wakes at
+    // quiet: back within a couple of 100 ms windows (both threads wake at
     // least every 100 ms to look)
     let end = Instant::now() + Duration::from_secs(2);
-    while counters.nr_batch_threads.load(Relaxed) != 0 && Instant::now() < end {
+    while counters.pipeline_batch_threads.load(Relaxed) != 0 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(counters.nr_batch_threads.load(Relaxed), 0, "switched off");
-    assert_eq!(receiver_policies(), vec![libc::SCHED_OTHER]);
+    assert_eq!(
+        counters.pipeline_batch_threads.load(Relaxed),
+        0,
+        "switched off"
+    );
+    assert_eq!(pipeline_policies(), vec![libc::SCHED_OTHER; 2]);
     // the exposition carries both
     let text = mintgate_gateway::metrics::render_prometheus(&gw.handle());
-    assert!(text.contains("mintgate_nr_batch_threads 0"), "{text}");
-    assert!(text.contains("mintgate_nr_batch_switches_total"), "{text}");
+    assert!(text.contains("mintgate_pipeline_batch_threads 0"), "{text}");
+    assert!(
+        text.contains("mintgate_pipeline_batch_switches_total"),
+        "{text}"
+    );
     drop(gw);
 }

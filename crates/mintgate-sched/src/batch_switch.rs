@@ -1,4 +1,4 @@
-//! When the Network Receiver gives up wake-up preemption.
+//! When the pipeline's threads give up wake-up preemption.
 //!
 //! A Network Receiver thread sleeps until a datagram arrives. At a normal
 //! scheduling policy the arrival wakes it and it preempts whatever runs on
@@ -17,8 +17,14 @@
 //! 130-150 us at 10,000 requests/s in our runs). So the receiver switches
 //! to batch only above a datagram rate, and back below three quarters of it.
 //!
+//! The handler threads switch with it: a handler woken by the receiver's
+//! push then does not preempt the receiver in the middle of its batch
+//! either (in six alternating pairs under the same CON load: throughput
+//! +4 % median, p99 about 0.6x).
+//!
 //! [`BatchSwitch`] is the decision alone, sans IO: it is fed the running
-//! total of datagrams received and the time, and says when to switch.
+//! total of datagrams received and the time, and says when to switch. Each
+//! thread keeps its own and switches itself.
 
 use std::time::{Duration, Instant};
 

@@ -9,8 +9,8 @@
 //! - [`Observer`]: the Performance Observer. Every stage counts into one
 //!   [`PipelineCounters`]; the observer turns the counters into one
 //!   [`Sample`] per second and keeps the last ones.
-//! - [`BatchSwitch`]: when a Network Receiver thread gives up wake-up
-//!   preemption (`SCHED_BATCH`) under heavy load.
+//! - [`BatchSwitch`]: when a Network Receiver or handler thread gives up
+//!   wake-up preemption (`SCHED_BATCH`) under heavy load.
 
 mod batch_switch;
 mod manager;

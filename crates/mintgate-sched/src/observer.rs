@@ -35,11 +35,11 @@ pub struct PipelineCounters {
     pub htp_busy_ns: AtomicU64,
     /// Gauge: HTP threads (the paper's N).
     pub htp_threads: AtomicU64,
-    /// Gauge: Network Receiver threads running as `SCHED_BATCH` now (see
-    /// [`crate::BatchSwitch`]).
-    pub nr_batch_threads: AtomicU64,
-    /// Times a Network Receiver thread switched into `SCHED_BATCH`.
-    pub nr_batch_switches: AtomicU64,
+    /// Gauge: pipeline threads (Network Receivers and handlers) running as
+    /// `SCHED_BATCH` now (see [`crate::BatchSwitch`]).
+    pub pipeline_batch_threads: AtomicU64,
+    /// Times a pipeline thread switched into `SCHED_BATCH`.
+    pub pipeline_batch_switches: AtomicU64,
     /// Gauge: requests in the HTP queue (the paper's QS).
     pub queue_len: AtomicU64,
     /// Gauge: bytes held by the HTP queue.
