@@ -103,7 +103,8 @@ function renderPipeline(s) {
     show('drops', last.dropped, fmt(last.dropped / dt), last.t);
   }
   show('threads', p.htp_threads);
-  $('pool').textContent = 'pool ' + p.pool;
+  $('pool').textContent = 'pool ' + p.pool +
+    (p.batch_threads ? ` · ${p.batch_threads} in SCHED_BATCH` : '');
   show('queue', p.queue_len);
   $('queue-bytes').textContent = `${fmt(p.queue_bytes)} of ${fmt(p.queue_limit_bytes)} bytes`;
   const tot = p.totals;

@@ -109,6 +109,7 @@ pub fn state_json(gw: &GatewayHandle) -> Value {
         "pipeline": {
             "pool": gw.config().pipeline.pool.to_string(),
             "htp_threads": gw.htp_threads(),
+            "batch_threads": c.pipeline_batch_threads.load(Relaxed),
             "queue_len": c.queue_len.load(Relaxed),
             "queue_bytes": c.queue_bytes.load(Relaxed),
             "queue_limit_bytes": gw.queue_bytes(),

@@ -879,22 +879,30 @@ fn wait_readable(sock: &UdpSocket, timeout: Duration) -> bool {
 /// The dedicated Network Receiver thread of listener `li`.
 fn receive_loop(sh: &Shared, li: usize) {
     let mut r = Receiver::new(sh, li, sh.cfg.pipeline.receive_batch);
-    let mut policy = ThreadPolicy::new(sh, "network receiver");
+    let mut policy = ThreadPolicy::new(sh, RECEIVER);
     while !sh.stop.load(Relaxed) {
         r.receive_once(sh, true);
         policy.update();
     }
 }
 
+const RECEIVER: &str = "network receiver";
+
 /// A pipeline thread's scheduling policy: `SCHED_BATCH` above
 /// `pipeline.batch_sched_above` datagrams per second (all listeners
-/// together), the normal policy below; see [`BatchSwitch`] for why. Counted
-/// in the `pipeline_batch_threads` gauge only for what the kernel granted,
-/// and uncounted when the thread ends.
+/// together), back to `SCHED_OTHER` at the thread's own nice value below;
+/// see [`BatchSwitch`] for why. A thread that did not start at
+/// `SCHED_OTHER` (an operator ran it under `chrt`, say) is left alone, and
+/// one the kernel refuses batch stops trying. Counted in the
+/// `pipeline_batch_threads` gauge only while the kernel has granted it; a
+/// thread leaves batch when its loop ends (a pool thread may run the loop
+/// again later).
 struct ThreadPolicy<'a> {
     counters: &'a PipelineCounters,
     switch: BatchSwitch,
     in_batch: bool,
+    /// False once refused, or when the thread started at another policy.
+    enabled: bool,
     what: &'static str,
 }
 
@@ -909,12 +917,17 @@ impl<'a> ThreadPolicy<'a> {
                 c.nr_datagrams.load(Relaxed),
             ),
             in_batch: false,
+            enabled: sh.cfg.pipeline.batch_sched_above > 0
+                && matches!(priority::current_thread_priority(), Applied::Nice(_)),
             what,
         }
     }
 
     /// Looks at the datagram rate and switches the calling thread if due.
     fn update(&mut self) {
+        if !self.enabled {
+            return;
+        }
         let c = self.counters;
         let Some(on) = self
             .switch
@@ -922,28 +935,53 @@ impl<'a> ThreadPolicy<'a> {
         else {
             return;
         };
-        let applied = priority::set_current_thread_priority(if on {
-            Priority::Batch
+        let rate = self.switch.last_rate().round() as u64;
+        if on {
+            match priority::set_current_thread_priority(Priority::Batch) {
+                Applied::Batch(_) => {
+                    self.in_batch = true;
+                    c.pipeline_batch_threads.fetch_add(1, Relaxed);
+                    c.pipeline_batch_switches.fetch_add(1, Relaxed);
+                    self.log(rate, "to SCHED_BATCH");
+                }
+                other => {
+                    self.enabled = false;
+                    tracing::warn!(
+                        thread = self.what,
+                        applied = ?other,
+                        "SCHED_BATCH refused; the thread stays at its policy"
+                    );
+                }
+            }
         } else {
-            Priority::Normal
-        });
-        tracing::debug!(thread = self.what, ?applied, "pipeline thread policy");
-        let now_batch = matches!(applied, Applied::Batch(_));
-        if now_batch && !self.in_batch {
-            c.pipeline_batch_threads.fetch_add(1, Relaxed);
-            c.pipeline_batch_switches.fetch_add(1, Relaxed);
-        } else if !now_batch && self.in_batch {
-            c.pipeline_batch_threads.fetch_sub(1, Relaxed);
+            self.leave();
+            self.log(rate, "back to SCHED_OTHER");
         }
-        self.in_batch = now_batch;
+    }
+
+    /// Receivers (one per listener) at info, handlers (up to
+    /// [`MAX_HTP_THREADS`], switching together) at debug.
+    fn log(&self, rate: u64, what: &str) {
+        if self.what == RECEIVER {
+            tracing::info!(datagrams_per_s = rate, "network receiver {what}");
+        } else {
+            tracing::debug!(datagrams_per_s = rate, "{} {what}", self.what);
+        }
+    }
+
+    fn leave(&mut self) {
+        if self.in_batch {
+            // whatever the kernel says, the thread is no longer counted
+            priority::set_current_thread_priority(Priority::Other);
+            self.in_batch = false;
+            self.counters.pipeline_batch_threads.fetch_sub(1, Relaxed);
+        }
     }
 }
 
 impl Drop for ThreadPolicy<'_> {
     fn drop(&mut self) {
-        if self.in_batch {
-            self.counters.pipeline_batch_threads.fetch_sub(1, Relaxed);
-        }
+        self.leave();
     }
 }
 

@@ -13,9 +13,9 @@
 //! to sleep (or for the next tick) instead: the sender finishes its batch,
 //! and the receiver reads it whole. That trades latency for throughput: at
 //! light load, where a CPU is nearly always free, it only makes a request
-//! wait behind whatever shares its CPU (the median rose from about 100 to
-//! 130-150 us at 10,000 requests/s in our runs). So the receiver switches
-//! to batch only above a datagram rate, and back below three quarters of it.
+//! wait behind whatever shares its CPU (the median rose by 15-50 us at
+//! 10,000-30,000 requests/s in our runs). So the receiver switches to
+//! batch only above a datagram rate, and back below three quarters of it.
 //!
 //! The handler threads switch with it: a handler woken by the receiver's
 //! push then does not preempt the receiver in the middle of its batch
@@ -30,10 +30,17 @@ use std::time::{Duration, Instant};
 
 /// How often the rate is measured.
 pub const WINDOW: Duration = Duration::from_millis(100);
+/// Longest window that is judged.
+pub const MAX_WINDOW: Duration = Duration::from_millis(400);
 
-/// Decides, from the datagram rate, whether a receiver thread should run as
+/// Decides, from the datagram rate, whether a pipeline thread should run as
 /// `SCHED_BATCH`. Switches on at `above` datagrams per second or more over
-/// one [`WINDOW`], off below three quarters of it.
+/// one window of at least [`WINDOW`], off below three quarters of it. A
+/// window longer than [`MAX_WINDOW`] (the thread was blocked) is not judged:
+/// its average would describe load that may be long gone.
+///
+/// Each thread keeps its own, so a window runs from the thread's previous
+/// look to this one.
 #[derive(Clone, Debug)]
 pub struct BatchSwitch {
     /// Datagrams per second; 0 = never switch.
@@ -41,6 +48,7 @@ pub struct BatchSwitch {
     start: Instant,
     start_total: u64,
     on: bool,
+    last_rate: f64,
 }
 
 impl BatchSwitch {
@@ -51,7 +59,13 @@ impl BatchSwitch {
             start: now,
             start_total: total,
             on: false,
+            last_rate: 0.0,
         }
+    }
+
+    /// Datagrams per second over the last window judged.
+    pub fn last_rate(&self) -> f64 {
+        self.last_rate
     }
 
     /// True while the thread should be in batch.
@@ -72,6 +86,10 @@ impl BatchSwitch {
         let rate = total.saturating_sub(self.start_total) as f64 / dt.as_secs_f64();
         self.start = now;
         self.start_total = total;
+        if dt > MAX_WINDOW {
+            return None;
+        }
+        self.last_rate = rate;
         let want = if self.on {
             rate >= self.above as f64 * 0.75
         } else {
@@ -133,16 +151,27 @@ mod tests {
     }
 
     #[test]
-    fn zero_never_switches_and_sparse_updates_average_over_the_gap() {
+    fn zero_never_switches_and_a_long_gap_is_not_judged() {
         let t0 = Instant::now();
         let mut s = BatchSwitch::new(0, t0, 0);
         assert_eq!(s.update(t0 + Duration::from_secs(1), 10_000_000), None);
-        // an update after a long idle gap sees the average over the gap
+        // a thread blocked for 10 s: the average over the gap is not used,
+        // the next whole window is
         let mut s = BatchSwitch::new(1_000, t0, 0);
-        assert_eq!(s.update(t0 + Duration::from_secs(10), 5_000), None);
-        assert_eq!(s.update(t0 + Duration::from_secs(11), 6_000), Some(true));
+        assert_eq!(s.update(t0 + Duration::from_secs(10), 50_000), None);
+        assert!(!s.is_on());
+        let t = t0 + Duration::from_secs(10);
+        assert_eq!(s.update(t + Duration::from_millis(200), 50_300), Some(true));
+        assert!((s.last_rate() - 1_500.0).abs() < 1e-6);
         // updates inside a window are not judged
-        assert_eq!(s.update(t0 + Duration::from_millis(11_050), 6_000), None);
+        assert_eq!(s.update(t + Duration::from_millis(250), 50_300), None);
         assert!(s.is_on());
+        // on, then blocked 1 s with nothing: the gap decides nothing either
+        assert_eq!(s.update(t + Duration::from_millis(1_250), 50_300), None);
+        assert!(s.is_on());
+        assert_eq!(
+            s.update(t + Duration::from_millis(1_400), 50_300),
+            Some(false)
+        );
     }
 }
