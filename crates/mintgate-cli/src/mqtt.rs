@@ -388,7 +388,7 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
                     break; // stdout closed
                 }
             }
-            Some(SubEvent::Arrival(_)) | None => {}
+            Some(SubEvent::Arrival(..)) | None => {}
         }
     }
     let s = sub.stats();

@@ -182,9 +182,13 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
             .join(", ")
     ));
     let mut rows = Vec::new();
+    // Runs take turns over the methods (run 1 of each, then run 2 of
+    // each, ...): on a shared machine whose speed drifts, every method then
+    // samples the same stretches of time, and the ratios compare like with
+    // like.
     for (bname, url) in &brokers {
-        for &m in &methods {
-            for run in 1..=runs {
+        for run in 1..=runs {
+            for &m in &methods {
                 let row = run_one(bname, url, m, run, n, &work);
                 progress(&format!(
                     "lab mqtt: {bname:9} {:18} run {run}: {:.3} s, missing {}, out of order {} \
@@ -374,8 +378,8 @@ fn run_one(bname: &str, url: &BrokerUrl, m: Method, run: usize, n: u64, work: &P
             break;
         }
         match sub.recv_timeout(Duration::from_millis(20)) {
-            Some(SubEvent::Arrival(env)) if env.publisher == publisher => {
-                last_arrival = Instant::now();
+            Some(SubEvent::Arrival(env, at)) if env.publisher == publisher => {
+                last_arrival = at;
                 quiet_since = last_arrival;
                 let s = env.seq;
                 if s >= 1 && s <= n && !seen[s as usize] {

@@ -60,8 +60,9 @@ pub enum SubEvent {
     /// Connection lost (it reconnects by itself).
     Disconnected(String),
     /// A message, raw, before de-duplication and reordering (only with
-    /// `report_arrivals`).
-    Arrival(Envelope),
+    /// `report_arrivals`), and when the subscriber's thread decoded it (so
+    /// that a reader polling now and then still knows when it came).
+    Arrival(Envelope, Instant),
     /// The next in-order message of its publisher.
     Delivery(Delivery),
     /// A payload that is not an envelope (topic, length, why).
@@ -265,10 +266,11 @@ impl SubState<'_> {
             }
             Ok(LinkEvent::Message { topic, payload }) => match decode(&payload) {
                 Ok(env) => {
+                    let now = Instant::now();
                     if self.cfg.report_arrivals {
-                        self.out.push(SubEvent::Arrival(env.clone()));
+                        self.out.push(SubEvent::Arrival(env.clone(), now));
                     }
-                    self.reorder.push(&topic, env, Instant::now());
+                    self.reorder.push(&topic, env, now);
                     self.drain();
                 }
                 Err(e) => self
