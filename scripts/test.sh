@@ -46,6 +46,12 @@ if ! target/py-venv/bin/python -c 'import aioquic' 2>/dev/null; then
   target/py-venv/bin/pip install -q 'aioquic>=1.2,<2'
 fi
 
+# The MQTT lab's peer: Eclipse Paho (Java), the paper's client, built with
+# Maven from Maven Central (the lab test requires it under
+# MINTGATE_REQUIRE_PEERS).
+step "building peers/paho (mvn package)"
+mvn -q -B -f peers/paho/pom.xml package
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

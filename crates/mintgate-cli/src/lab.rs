@@ -109,6 +109,11 @@ enum Lab {
         /// Window of the extra windowed publish-queue method.
         #[arg(long, default_value_t = 16)]
         window: usize,
+        /// The paper's client, Eclipse Paho (Java, peers/paho, built with
+        /// Maven on first use), run beside ours: with Paho's default file
+        /// persistence, with memory persistence, or off.
+        #[arg(long, default_value = "file", value_parser = ["file", "memory", "off"])]
+        paho: String,
     },
     /// Paper 003 Tables 3-5: bytes allocated, bytes copied and ns per
     /// message for n = 128..1024 on the echo, coap, coap-static and http
@@ -392,6 +397,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             broker,
             runs,
             window,
+            paho,
         } => mintgate_lab::lab_mqtt(&mintgate_lab::MqttLabOptions {
             common: LabOptions {
                 out,
@@ -402,6 +408,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             runs,
             messages: None,
             window,
+            paho: paho.parse().map_err(anyhow::Error::msg)?,
         })?,
         Lab::Proxy(p) => mintgate_lab::lab_proxy(&mintgate_lab::ProxyLabOptions {
             common: LabOptions {

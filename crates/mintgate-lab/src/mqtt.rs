@@ -13,6 +13,14 @@
 //! - `qos1_w1`: plain QoS 1 with one message in flight, no queue, no store
 //!   (not in the paper): one bare PUBLISH/PUBACK round trip per message,
 //!   so that `pubqueue_qos1` against it shows what the queue itself costs.
+//! - `paho_pubqueue_qos1`, `paho_qos2`: the paper's two methods with the
+//!   paper's client, Eclipse Paho (Java, `peers/paho`), when Java and Maven
+//!   are there: QoS 1 with the next message after the previous one's
+//!   deliveryComplete, and QoS 2 one in flight, both with Paho's default
+//!   file persistence (or memory, or not at all: `MqttLabOptions::paho`),
+//!   the bare 26-byte bodies and a Paho subscriber
+//!   checking them. Information beside ours (not in the verdicts): what the
+//!   paper's ratio is on this machine with the paper's client.
 //!
 //! Every message goes in the same JSON envelope (`pub`, `seq`, `ts`, `msg`
 //! with the 26-byte body). A subscriber on the same broker, connected before
@@ -56,6 +64,43 @@ pub struct MqttLabOptions {
     pub messages: Option<u64>,
     /// Window of the extra windowed publish-queue method [16].
     pub window: usize,
+    /// The Paho peer: its persistence, or off [file, Paho's default].
+    pub paho: PahoMode,
+}
+
+/// Whether and how `lab mqtt` runs the paper's client, Eclipse Paho.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PahoMode {
+    /// Not run.
+    Off,
+    /// Paho's `MemoryPersistence`.
+    Memory,
+    /// Paho's default, `MqttDefaultFilePersistence` (a file per message in
+    /// flight).
+    File,
+}
+
+impl PahoMode {
+    /// The peer's argument and the table's word: `memory` or `file`.
+    fn persistence(self) -> &'static str {
+        match self {
+            PahoMode::Off => "off",
+            PahoMode::Memory => "memory",
+            PahoMode::File => "file",
+        }
+    }
+}
+
+impl std::str::FromStr for PahoMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PahoMode, String> {
+        match s {
+            "off" => Ok(PahoMode::Off),
+            "memory" => Ok(PahoMode::Memory),
+            "file" => Ok(PahoMode::File),
+            _ => Err(format!("expected file, memory or off, not {s:?}")),
+        }
+    }
 }
 
 impl Default for MqttLabOptions {
@@ -66,6 +111,7 @@ impl Default for MqttLabOptions {
             runs: None,
             messages: None,
             window: 16,
+            paho: PahoMode::File,
         }
     }
 }
@@ -82,6 +128,8 @@ enum Method {
     Qos1,
     PubQueueWindow(usize),
     Qos1One,
+    PahoPubQueue,
+    PahoQos2,
 }
 
 impl Method {
@@ -92,6 +140,17 @@ impl Method {
             Method::Qos1 => "qos1".into(),
             Method::PubQueueWindow(w) => format!("pubqueue_qos1_w{w}"),
             Method::Qos1One => "qos1_w1".into(),
+            Method::PahoPubQueue => "paho_pubqueue_qos1".into(),
+            Method::PahoQos2 => "paho_qos2".into(),
+        }
+    }
+
+    /// The Paho peer's name for the method, for the Paho methods.
+    fn paho(self) -> Option<&'static str> {
+        match self {
+            Method::PahoPubQueue => Some("pubqueue_qos1"),
+            Method::PahoQos2 => Some("qos2"),
+            _ => None,
         }
     }
 }
@@ -120,6 +179,24 @@ pub struct MqttRow {
     pub duplicates: u64,
     /// Why the run failed, if it did.
     pub error: Option<String>,
+}
+
+impl MqttRow {
+    /// A run not measured yet: every message missing.
+    fn unmeasured(broker: &str, m: Method, run: usize, n: u64) -> MqttRow {
+        MqttRow {
+            broker: broker.into(),
+            method: m.name(),
+            run,
+            messages: n,
+            seconds: 0.0,
+            missing: n,
+            out_of_order: 0,
+            raw_out_of_order: 0,
+            duplicates: 0,
+            error: None,
+        }
+    }
 }
 
 fn embedded() -> anyhow::Result<&'static EmbeddedBroker> {
@@ -165,13 +242,27 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
             ),
         },
     }
-    let methods = [
+    let mut methods = vec![
         Method::PubQueue,
         Method::Qos2,
         Method::Qos1,
         Method::PubQueueWindow(window),
         Method::Qos1One,
     ];
+    let mut pahos = match opts.paho {
+        PahoMode::Off => brokers.iter().map(|_| None).collect(),
+        mode => paho_peers(
+            &brokers,
+            mode,
+            if o.quick { 1 } else { 3 },
+            n,
+            progress,
+            &mut notes,
+        ),
+    };
+    if pahos.iter().any(Option::is_some) {
+        methods.extend([Method::PahoPubQueue, Method::PahoQos2]);
+    }
     progress(&format!(
         "lab mqtt: {n} messages of {} bytes per run, {runs} run(s) per method, brokers: {}",
         body(1).len(),
@@ -186,10 +277,14 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
     // each, ...): on a shared machine whose speed drifts, every method then
     // samples the same stretches of time, and the ratios compare like with
     // like.
-    for (bname, url) in &brokers {
+    for ((bname, url), paho) in brokers.iter().zip(pahos.iter_mut()) {
         for run in 1..=runs {
             for &m in &methods {
-                let row = run_one(bname, url, m, run, n, &work);
+                let row = match (m.paho(), paho.as_mut()) {
+                    (None, _) => run_one(bname, url, m, run, n, &work),
+                    (Some(pm), Some(p)) => paho_run(p, bname, m, pm, run, n),
+                    (Some(_), None) => continue,
+                };
                 progress(&format!(
                     "lab mqtt: {bname:9} {:18} run {run}: {:.3} s, missing {}, out of order {} \
                      (raw {}, duplicates {}){}",
@@ -208,6 +303,7 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
             }
         }
     }
+    drop(pahos);
     let _ = std::fs::remove_dir_all(&work);
 
     let csv_path = o.out.join("mqtt.csv");
@@ -224,7 +320,7 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
     crate::write_file(&csv_path, &csv)?;
     let svg_path = o.out.join("mqtt.svg");
     plot(&svg_path, &rows, &brokers, &methods, n)?;
-    let (table, met) = table(&rows, &brokers, &methods, n, window, &notes);
+    let (table, met) = table(&rows, &brokers, &methods, n, window, opts.paho, &notes);
     Ok(Summary {
         lab: "mqtt",
         table,
@@ -240,20 +336,85 @@ fn rand_u32() -> u32 {
         .unwrap_or(0)
 }
 
+/// A Paho peer per broker (`None` where there is none, with a note saying
+/// why), each warmed up by `warm` untimed rounds of both methods: a JVM
+/// runs its first thousands of calls interpreted.
+fn paho_peers(
+    brokers: &[(String, BrokerUrl)],
+    mode: PahoMode,
+    warm: usize,
+    n: u64,
+    progress: &crate::ProgressFn,
+    notes: &mut Vec<String>,
+) -> Vec<Option<crate::paho::PahoPeer>> {
+    let jar = match crate::peers::paho_jar(progress) {
+        Ok(j) => j,
+        Err(why) => {
+            let why = format!("Paho (the paper's client) not measured: {why:#}");
+            progress(&format!("lab mqtt: {why}"));
+            notes.push(why);
+            return brokers.iter().map(|_| None).collect();
+        }
+    };
+    brokers
+        .iter()
+        .map(|(b, url)| {
+            let mut p = match crate::paho::PahoPeer::start(&jar, url, mode.persistence()) {
+                Ok(p) => p,
+                Err(why) => {
+                    let why = format!("Paho not measured against {b}: {why:#}");
+                    progress(&format!("lab mqtt: {why}"));
+                    notes.push(why);
+                    return None;
+                }
+            };
+            progress(&format!(
+                "lab mqtt: warming up Paho's JVM against {b}: {warm} untimed round(s) of both methods"
+            ));
+            for _ in 0..warm {
+                for m in [Method::PahoPubQueue, Method::PahoQos2] {
+                    let name = m.paho().unwrap_or_default();
+                    if let Err(why) = p.run(name, 0, n) {
+                        let why = format!("Paho not measured against {b}: warm-up: {why:#}");
+                        progress(&format!("lab mqtt: {why}"));
+                        notes.push(why);
+                        return None;
+                    }
+                }
+            }
+            Some(p)
+        })
+        .collect()
+}
+
+/// One run of a Paho method, as a row like ours (arrival order: Paho's
+/// subscriber does no reordering).
+fn paho_run(
+    p: &mut crate::paho::PahoPeer,
+    bname: &str,
+    m: Method,
+    pm: &str,
+    run: usize,
+    n: u64,
+) -> MqttRow {
+    let mut row = MqttRow::unmeasured(bname, m, run, n);
+    match p.run(pm, run, n) {
+        Ok(r) => {
+            row.seconds = r.seconds;
+            row.missing = r.missing;
+            row.out_of_order = r.out_of_order;
+            row.raw_out_of_order = r.out_of_order;
+            row.duplicates = r.duplicates;
+            row.error = r.error;
+        }
+        Err(e) => row.error = Some(format!("{e:#}")),
+    }
+    row
+}
+
 /// One run: subscriber up, publish all, wait for all.
 fn run_one(bname: &str, url: &BrokerUrl, m: Method, run: usize, n: u64, work: &Path) -> MqttRow {
-    let mut row = MqttRow {
-        broker: bname.into(),
-        method: m.name(),
-        run,
-        messages: n,
-        seconds: 0.0,
-        missing: n,
-        out_of_order: 0,
-        raw_out_of_order: 0,
-        duplicates: 0,
-        error: None,
-    };
+    let mut row = MqttRow::unmeasured(bname, m, run, n);
     let nonce = rand_u32();
     let topic = format!("mintgate/lab/fig5/{}/{run}/{nonce:08x}", m.name());
     let publisher = format!("lab-{}-{run}-{nonce:08x}", m.name());
@@ -311,6 +472,10 @@ fn run_one(bname: &str, url: &BrokerUrl, m: Method, run: usize, n: u64, work: &P
             Some(p)
         }
         Method::Qos2 | Method::Qos1 | Method::Qos1One => None,
+        Method::PahoPubQueue | Method::PahoQos2 => {
+            row.error = Some("a Paho method is run by the Paho peer".into());
+            return row;
+        }
     };
     let t_setup = Instant::now();
     let url2 = url.clone();
@@ -494,6 +659,7 @@ fn table(
     methods: &[Method],
     n: u64,
     window: usize,
+    paho: PahoMode,
     notes: &[String],
 ) -> (String, bool) {
     let mut t = String::new();
@@ -527,6 +693,9 @@ fn table(
     for (b, _) in brokers {
         for m in methods {
             let a = aggregate(rows, b, &m.name());
+            if a.runs == 0 {
+                continue; // a Paho method where there is no Paho peer
+            }
             line(
                 &mut t,
                 format_args!(
@@ -576,6 +745,20 @@ fn table(
              {r0:.2}x, the protocols' own ratio here; Pub Queue / plain QoS 1 one in flight = \
              {own:.2}x (what the persistent queue adds to a bare round trip)"
         ));
+        let ppq = aggregate(rows, b, &Method::PahoPubQueue.name());
+        let pq2 = aggregate(rows, b, &Method::PahoQos2.name());
+        if ppq.runs > 0 && pq2.runs > 0 {
+            verdicts.push(format!(
+                "{b}: the paper's client, Eclipse Paho (Java, {} persistence), in the same \
+                 session: QoS 2 time / Pub Queue time = {:.2}x ({} missing, {} out of order); \
+                 Paho's Pub Queue time / ours = {:.2}x",
+                paho.persistence(),
+                pq2.median / ppq.median,
+                ppq.missing + pq2.missing,
+                ppq.ooo + pq2.ooo,
+                ppq.median / pq.median,
+            ));
+        }
     }
     line(&mut t, format_args!(""));
     for v in verdicts {
@@ -610,12 +793,14 @@ fn plot(
     methods: &[Method],
     n: u64,
 ) -> anyhow::Result<()> {
-    const COLORS: [RGBColor; 5] = [
+    const COLORS: [RGBColor; 7] = [
         RGBColor(0x1f, 0x77, 0xb4),
         RGBColor(0xd6, 0x27, 0x28),
         RGBColor(0x7f, 0x7f, 0x7f),
         RGBColor(0x2c, 0xa0, 0x2c),
         RGBColor(0x94, 0x67, 0xbd),
+        RGBColor(0x17, 0xbe, 0xcf),
+        RGBColor(0xff, 0x7f, 0x0e),
     ];
     let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;

@@ -55,18 +55,37 @@ pub fn libcoap_available() -> bool {
 
 /// The Californium peer's jar (`peers/californium`, a Californium 3 server
 /// answering GET /request with `hello world`): `MINTGATE_CALIFORNIUM_JAR`
-/// when set, otherwise `peers/californium/target/cf-hello.jar` of the
-/// source tree found above the working folder or the executable, built with
-/// `mvn -q package` when missing or older than its sources. An error says
-/// why there is none (no source tree, no Maven, a failed build).
+/// when set, otherwise built from the source tree (see [`peer_jar`]).
 pub fn californium_jar(progress: &crate::ProgressFn) -> anyhow::Result<PathBuf> {
-    if let Some(j) = std::env::var_os("MINTGATE_CALIFORNIUM_JAR") {
+    peer_jar(
+        "californium",
+        "cf-hello.jar",
+        "MINTGATE_CALIFORNIUM_JAR",
+        progress,
+    )
+}
+
+/// The Eclipse Paho peer's jar (`peers/paho`, paper 004's Fig. 5 with the
+/// paper's own MQTT client): `MINTGATE_PAHO_JAR` when set, otherwise built
+/// from the source tree (see [`peer_jar`]).
+pub fn paho_jar(progress: &crate::ProgressFn) -> anyhow::Result<PathBuf> {
+    peer_jar("paho", "paho-fig5.jar", "MINTGATE_PAHO_JAR", progress)
+}
+
+/// A Java peer's jar: the file named by the environment variable `env` when
+/// set, otherwise `peers/NAME/target/JAR` of the source tree found above the
+/// working folder or the executable, built with `mvn -q package` when
+/// missing or older than its sources. An error says why there is none (no
+/// source tree, no Maven, a failed build).
+fn peer_jar(
+    name: &str,
+    jar_name: &str,
+    env: &str,
+    progress: &crate::ProgressFn,
+) -> anyhow::Result<PathBuf> {
+    if let Some(j) = std::env::var_os(env) {
         let j = PathBuf::from(j);
-        anyhow::ensure!(
-            j.is_file(),
-            "MINTGATE_CALIFORNIUM_JAR={} is not a file",
-            j.display()
-        );
+        anyhow::ensure!(j.is_file(), "{env}={} is not a file", j.display());
         return Ok(j);
     }
     let starts = [
@@ -75,14 +94,15 @@ pub fn californium_jar(progress: &crate::ProgressFn) -> anyhow::Result<PathBuf> 
             .ok()
             .and_then(|e| e.parent().map(Path::to_path_buf)),
     ];
+    let sub = format!("peers/{name}");
     let dir = starts
         .iter()
         .flatten()
         .flat_map(|d| d.ancestors())
-        .map(|d| d.join("peers/californium"))
+        .map(|d| d.join(&sub))
         .find(|d| d.join("pom.xml").is_file())
-        .context("no peers/californium/pom.xml above the working folder or the executable")?;
-    let jar = dir.join("target/cf-hello.jar");
+        .with_context(|| format!("no {sub}/pom.xml above the working folder or the executable"))?;
+    let jar = dir.join("target").join(jar_name);
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let newest_source = walk_files(&dir.join("src"))
         .into_iter()
@@ -93,7 +113,7 @@ pub fn californium_jar(progress: &crate::ProgressFn) -> anyhow::Result<PathBuf> 
         return Ok(jar);
     }
     progress(&format!(
-        "building the Californium peer: mvn -q -f {}/pom.xml package",
+        "building the {name} peer: mvn -q -f {}/pom.xml package",
         dir.display()
     ));
     let out = Command::new("mvn")

@@ -225,7 +225,7 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
                     broker: None,
                     runs: None,
                     messages: None,
-                    window: 16,
+                    ..crate::MqttLabOptions::default()
                 })
             }),
         });

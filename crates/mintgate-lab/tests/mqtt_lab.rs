@@ -1,7 +1,8 @@
 //! `lab mqtt` end to end with short settings: every method against the
 //! embedded broker (and mosquitto when installed, as the test command
-//! installs it), every message present and in order, the CSV and plot
-//! written, the table's verdict and reference lines present.
+//! installs it), Eclipse Paho's two methods too where Java and Maven are,
+//! every message present and in order, the CSV and plot written, the
+//! table's verdict and reference lines present.
 
 use std::sync::Arc;
 
@@ -43,9 +44,28 @@ fn mqtt_lab_runs_every_method_and_loses_nothing() {
         "pubqueue_qos1_w4",
         "qos1_w1",
     ];
-    assert_eq!(rows.len(), methods.len() * brokers.len(), "{csv}");
+    // The paper's client (peers/paho, built with Maven) runs where Java
+    // and Maven are; the test command has them, and requires it.
+    let paho = rows.iter().any(|r| r[1].starts_with("paho_"));
+    if std::env::var_os("MINTGATE_REQUIRE_PEERS").is_some() {
+        assert!(
+            paho,
+            "no Paho rows (MINTGATE_REQUIRE_PEERS is set):\n{}",
+            s.table
+        );
+    }
+    let paho_methods: &[&str] = if paho {
+        &["paho_pubqueue_qos1", "paho_qos2"]
+    } else {
+        &[]
+    };
+    assert_eq!(
+        rows.len(),
+        (methods.len() + paho_methods.len()) * brokers.len(),
+        "{csv}"
+    );
     for b in &brokers {
-        for m in methods {
+        for &m in methods.iter().chain(paho_methods) {
             let r = rows
                 .iter()
                 .find(|r| r[0] == *b && r[1] == m)
@@ -68,6 +88,16 @@ fn mqtt_lab_runs_every_method_and_loses_nothing() {
             "{}",
             s.table
         );
+        if paho {
+            assert!(
+                s.table.contains(&format!(
+                    "{b}: the paper's client, Eclipse Paho (Java, file persistence), in the same \
+                     session: QoS 2 time / Pub Queue time = "
+                )) && svg.contains("paho_qos2"),
+                "{}",
+                s.table
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&out);
 }
