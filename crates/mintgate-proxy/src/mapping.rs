@@ -277,6 +277,19 @@ impl CoapTarget {
         let host = pct_decode(host)
             .and_then(|h| String::from_utf8(h).ok())
             .ok_or_else(|| bad(StatusCode::BAD_REQUEST, "bad percent-encoding in host"))?;
+        // What the percent-encoding hid must be a host too: an IP address
+        // or a name the resolver can look up (`d%01x` is neither, and
+        // could not be written back as a URI).
+        if host.parse::<std::net::IpAddr>().is_err()
+            && !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+        {
+            return Err(bad(
+                StatusCode::BAD_REQUEST,
+                "bad host in target: bad character in host (after percent-decoding)",
+            ));
+        }
         let mut segs = Vec::new();
         if !(path.is_empty() || path == "/") {
             for s in path[1..].split('/') {

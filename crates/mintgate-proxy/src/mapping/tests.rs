@@ -604,3 +604,42 @@ proptest! {
         }
     }
 }
+
+/// A host that percent-decodes to something no URI can carry as a host (a
+/// control character, found by the `proxy_request` fuzz target) is a 400,
+/// not a target whose URI then fails to parse.
+#[test]
+fn percent_encoded_host_must_decode_to_a_host() {
+    for uri in [
+        "coap://d%011ddd/x",
+        "coap://a%20b/x",
+        "coap://a%2Fb/x",
+        "coap://a%3Ab/x",
+        "coap://b%C3%BCcher/x",
+    ] {
+        let e = CoapTarget::parse(uri).expect_err(uri);
+        assert_eq!(e.status, StatusCode::BAD_REQUEST, "{uri}");
+        assert!(
+            e.to_string().contains("bad character in host"),
+            "{uri}: {e}"
+        );
+    }
+    // What decodes to a name or an address is fine.
+    let t = CoapTarget::parse("coap://sens%6Fr.local/x").unwrap();
+    assert_eq!(t.authority.host, "sensor.local");
+    let t = CoapTarget::parse("coap://%3A%3A1/x").unwrap();
+    assert_eq!(t.uri(), "coap://[::1]:5683/x");
+}
+
+proptest! {
+    /// Any bytes as a percent-encoded host: a 400, or a target whose URI
+    /// parses back to it.
+    #[test]
+    fn any_encoded_host_is_refused_or_round_trips(h in proptest::collection::vec(any::<u8>(), 1..16)) {
+        let uri = format!("coap://{}/x", pct_encode(&h, false));
+        match CoapTarget::parse(&uri) {
+            Ok(t) => prop_assert_eq!(CoapTarget::parse(&t.uri()).unwrap(), t),
+            Err(e) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
+        }
+    }
+}
