@@ -174,8 +174,10 @@ enum Lab {
     /// end to end through the impairment relay (`--real`). Writes
     /// `congestion.csv`, `congestion.svg` and `congestion_clients.csv`.
     Congestion {
-        /// Short settings: 3 runs per case in the simulator; 100 requests
-        /// per case with --real.
+        /// Short settings: 100 requests per case with --real, and 100
+        /// instead of 250 requests per client in the shared-chain study
+        /// (the simulator's 10 runs per case stay: they take half a
+        /// second).
         #[arg(long)]
         quick: bool,
         /// Output folder for the CSV and SVG files.
@@ -184,7 +186,7 @@ enum Lab {
         /// First seed; run k of a case uses seed + k.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Runs (seeds) per case [simulator: 10, quick 3; --real: 1].
+        /// Runs (seeds) per case [simulator: 10; --real: 1].
         #[arg(long)]
         runs: Option<usize>,
         /// Requests per case [1000; --real --quick: 100].
