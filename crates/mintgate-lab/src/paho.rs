@@ -50,11 +50,8 @@ pub fn paho_uri(url: &BrokerUrl) -> anyhow::Result<String> {
         url.version == Version::V311,
         "Paho's client here speaks MQTT 3.1.1 (mqtt://), not {url}"
     );
-    Ok(if url.host.contains(':') {
-        format!("tcp://[{}]:{}", url.host, url.port)
-    } else {
-        format!("tcp://{}:{}", url.host, url.port)
-    })
+    // the same authority as our own URL writes it, brackets and all
+    Ok(url.to_string().replacen("mqtt://", "tcp://", 1))
 }
 
 impl PahoPeer {

@@ -198,11 +198,7 @@ fn split_host_port(s: &str) -> Result<(&str, Option<u16>), &'static str> {
     if host.contains(':') && !s.starts_with('[') {
         return Err("an IPv6 address needs [ ]");
     }
-    if !host.contains(':')
-        && !host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-._%".contains(c))
-    {
+    if !host.contains(':') && !host.chars().all(|c| is_name_char(c) || c == '%') {
         return Err("bad character in host");
     }
     let port = match port {
@@ -214,6 +210,12 @@ fn split_host_port(s: &str) -> Result<(&str, Option<u16>), &'static str> {
         return Err("port 0");
     }
     Ok((host, port))
+}
+
+/// A character of a host name as the proxy accepts it (after
+/// percent-decoding; before it, `%` too).
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._".contains(c)
 }
 
 /// A parsed `coap://` target URI.
@@ -280,11 +282,7 @@ impl CoapTarget {
         // What the percent-encoding hid must be a host too: an IP address
         // or a name the resolver can look up (`d%01x` is neither, and
         // could not be written back as a URI).
-        if host.parse::<std::net::IpAddr>().is_err()
-            && !host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
-        {
+        if host.parse::<std::net::IpAddr>().is_err() && !host.chars().all(is_name_char) {
             return Err(bad(
                 StatusCode::BAD_REQUEST,
                 "bad host in target: bad character in host (after percent-decoding)",
