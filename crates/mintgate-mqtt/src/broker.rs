@@ -87,14 +87,29 @@ impl EmbeddedBroker {
     /// Starts rumqttd with MQTT 3.1.1 on `v4` and MQTT 5 on `v5` (port 0: a
     /// free port) and waits until both accept connections.
     pub fn start(v4: SocketAddr, v5: SocketAddr) -> io::Result<EmbeddedBroker> {
-        let pick = |a: SocketAddr| -> io::Result<SocketAddr> {
+        // Free ports are picked while both probes are held, so that the two
+        // listeners never get the same one (two picks in a row may: the
+        // second server then fails to bind, and MQTT 5 clients reach the
+        // 3.1.1 server, which drops them).
+        let hold = |a: SocketAddr| -> io::Result<(SocketAddr, Option<TcpListener>)> {
             if a.port() == 0 {
-                Ok(SocketAddr::new(a.ip(), free_port(a.ip())?))
+                let l = TcpListener::bind(a)?;
+                Ok((l.local_addr()?, Some(l)))
             } else {
-                Ok(a)
+                Ok((a, None))
             }
         };
-        let (v4, v5) = (pick(v4)?, pick(v5)?);
+        let (v4, h4) = hold(v4)?;
+        let (v5, h5) = hold(v5)?;
+        drop((h4, h5));
+        if v4 == v5 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the MQTT 3.1.1 and MQTT 5 listeners need different addresses, not both {v4}"
+                ),
+            ));
+        }
         let server = |name: &str, listen: SocketAddr| rumqttd::ServerSettings {
             name: name.into(),
             listen,
@@ -140,6 +155,17 @@ impl EmbeddedBroker {
         }
         match nodelay_on_listeners(&[v4, v5]) {
             Ok(2) => {}
+            // Something answered on an address, but it is not one of
+            // rumqttd's listeners: another program took the port first.
+            Ok(n) if cfg!(target_os = "linux") => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "the embedded broker listens on {n} of {v4} and {v5}: \
+                         another program holds the other"
+                    ),
+                ))
+            }
             Ok(n) => tracing::warn!(
                 "embedded broker: TCP_NODELAY set on {n} of its 2 listeners; \
                  acknowledgements may wait for delayed ACKs"

@@ -256,3 +256,48 @@ fn accepted_connections_have_nodelay() {
         );
     }
 }
+
+/// The two listeners get different free ports, one address for both is
+/// refused, and a port another program holds is an error, not a broker
+/// whose MQTT 5 clients reach someone else.
+#[cfg(target_os = "linux")]
+#[test]
+fn listeners_are_distinct_and_a_taken_port_is_an_error() {
+    use std::io::BufRead as _;
+    use std::net::SocketAddr;
+    let b = broker();
+    assert_ne!(b.addr(), b.addr_v5());
+    let same: SocketAddr = (
+        [127, 0, 0, 1],
+        mintgate_mqtt::broker::free_port([127, 0, 0, 1].into()).unwrap(),
+    )
+        .into();
+    let Err(e) = EmbeddedBroker::start(same, same) else {
+        panic!("one address for both was accepted");
+    };
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+
+    // Another process listens on a port; the broker is told to use it.
+    let mut holder = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import socket,time\n\
+             s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(16)\n\
+             print(s.getsockname()[1], flush=True); time.sleep(60)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let taken: SocketAddr = ([127, 0, 0, 1], line.trim().parse().unwrap()).into();
+    let r = EmbeddedBroker::start(([127, 0, 0, 1], 0).into(), taken);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let Err(e) = r else {
+        panic!("a port another program holds was accepted");
+    };
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+}
