@@ -114,6 +114,12 @@ enum Lab {
         /// persistence, with memory persistence, or off.
         #[arg(long, default_value = "file", value_parser = ["file", "memory", "off"])]
         paho: String,
+        /// One-way delay of a modelled network link between every client
+        /// and every broker (mintgate's TCP delay relay in front of each
+        /// broker; the paper's broker and clients were three hosts): `1`
+        /// (ms), `0.5ms`, `250us`. Default: bare loopback.
+        #[arg(long, default_value = "0", value_parser = crate::netem::parse_ms)]
+        link_delay: std::time::Duration,
     },
     /// Paper 003 Tables 3-5: bytes allocated, bytes copied and ns per
     /// message for n = 128..1024 on the echo, coap, coap-static and http
@@ -400,6 +406,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             runs,
             window,
             paho,
+            link_delay,
         } => mintgate_lab::lab_mqtt(&mintgate_lab::MqttLabOptions {
             common: LabOptions {
                 out,
@@ -411,6 +418,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             messages: None,
             window,
             paho: paho.parse().map_err(anyhow::Error::msg)?,
+            link_delay,
         })?,
         Lab::Proxy(p) => mintgate_lab::lab_proxy(&mintgate_lab::ProxyLabOptions {
             common: LabOptions {

@@ -56,7 +56,7 @@ enum Cmd {
     Delete(client::RequestArgs),
     /// Load-generate against one or more CoAP servers and report throughput and latency.
     Bench(bench::BenchArgs),
-    /// Relay UDP with loss, delay and jitter in each direction (this machine has no netem).
+    /// Relay UDP with loss, delay and jitter, or TCP with delay, in each direction (this machine has no netem).
     Netem(netem::NetemArgs),
     /// Observe a resource (RFC 7641): print each notification until a count or duration.
     Observe(observe::ObserveArgs),

@@ -1,4 +1,5 @@
-//! `mintgate netem`: a UDP impairment relay in front of any UDP server.
+//! `mintgate netem`: a UDP impairment relay in front of any UDP server, or
+//! (`--tcp`) a TCP delay relay in front of any TCP server.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -7,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mintgate_netsim::relay::{DirectionStats, Impairment, Relay, RelayConfig};
+use mintgate_netsim::tcp_relay::{TcpDirectionStats, TcpRelay, TcpRelayConfig};
 
 /// Arguments of `mintgate netem`.
 #[derive(clap::Args)]
@@ -14,9 +16,16 @@ use mintgate_netsim::relay::{DirectionStats, Impairment, Relay, RelayConfig};
     after_help = "Example: put 10 % loss and 40 ms each way in front of a CoAP server:\n  \
 mintgate netem --listen 127.0.0.1:5700 --forward 127.0.0.1:5683 --loss 10% --delay 40ms\n  \
 mintgate get coap://127.0.0.1:5700/request\n\
+Put a 1 ms link in front of an MQTT broker:\n  \
+mintgate netem --tcp --listen 127.0.0.1:1884 --forward 127.0.0.1:1883 --delay 1ms\n\
 Loss and delay apply independently in each direction. Runs until Ctrl-C or --duration."
 )]
 pub struct NetemArgs {
+    /// Relay TCP instead of UDP: each connection's bytes are held for the
+    /// delay in each direction, in order (delay only: loss on a TCP path is
+    /// retransmission delay, and jitter would reorder a byte stream).
+    #[arg(long)]
+    tcp: bool,
     /// Address clients send to.
     #[arg(long, value_name = "ADDR")]
     listen: SocketAddr,
@@ -56,7 +65,7 @@ fn parse_pct(s: &str) -> Result<f64, String> {
     Ok(v / 100.0)
 }
 
-fn parse_ms(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_ms(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.chars().all(|c| c.is_ascii_digit() || c == '.') {
         let v: f64 = t
@@ -82,7 +91,77 @@ fn line(name: &str, d: &DirectionStats) -> String {
     format!("{name}: received {r}, dropped {dr} ({pct:.2} %), forwarded {f}, errors {e}")
 }
 
+fn tcp_line(name: &str, d: &TcpDirectionStats) -> String {
+    format!(
+        "{name}: {} bytes in {} chunks",
+        d.bytes.load(Relaxed),
+        d.chunks.load(Relaxed)
+    )
+}
+
+fn run_tcp(a: NetemArgs) -> anyhow::Result<ExitCode> {
+    if a.loss > 0.0 || !a.jitter.is_zero() {
+        anyhow::bail!(
+            "--tcp models delay only: loss on a TCP path is retransmission delay, \
+             and jitter would reorder the byte stream (drop --loss and --jitter)"
+        );
+    }
+    let set = crate::serve::block_signals();
+    let relay = TcpRelay::start(TcpRelayConfig {
+        listen: a.listen,
+        forward: a.forward,
+        up: a.delay,
+        down: a.delay,
+    })
+    .with_context(|| format!("starting the relay on tcp {}", a.listen))?;
+    eprintln!(
+        "netem: tcp {} -> {}: delay {:?} each way",
+        relay.local_addr(),
+        a.forward,
+        a.delay
+    );
+    let report = || {
+        let s = relay.stats();
+        eprintln!(
+            "netem: connections {}, refused {} | {} | {}",
+            s.connections.load(Relaxed),
+            s.refused.load(Relaxed),
+            tcp_line("up", &s.up),
+            tcp_line("down", &s.down)
+        );
+    };
+    wait(a.duration, &set, report);
+    let s = relay.stats();
+    println!(
+        "connections: {} joined, {} refused (server unreachable)",
+        s.connections.load(Relaxed),
+        s.refused.load(Relaxed)
+    );
+    println!("{}", tcp_line("client->server", &s.up));
+    println!("{}", tcp_line("server->client", &s.down));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `report` every 5 s until `duration` has passed or a signal came.
+fn wait(duration: Option<Duration>, set: &libc::sigset_t, report: impl Fn()) {
+    let start = Instant::now();
+    match duration {
+        Some(d) => {
+            while start.elapsed() < d {
+                std::thread::sleep((d - start.elapsed()).min(Duration::from_secs(5)));
+                report();
+            }
+        }
+        None => {
+            crate::serve::wait_for_signal(set, Duration::from_secs(5), report);
+        }
+    }
+}
+
 pub fn run(a: NetemArgs) -> anyhow::Result<ExitCode> {
+    if a.tcp {
+        return run_tcp(a);
+    }
     let imp = Impairment {
         loss: a.loss,
         burst: a.burst.max(1.0),
@@ -108,28 +187,13 @@ pub fn run(a: NetemArgs) -> anyhow::Result<ExitCode> {
         a.jitter,
         a.seed
     );
-    let start = Instant::now();
-    match a.duration {
-        Some(d) => {
-            while start.elapsed() < d {
-                std::thread::sleep((d - start.elapsed()).min(Duration::from_secs(5)));
-                eprintln!(
-                    "netem: {} | {}",
-                    line("up", &relay.stats().up),
-                    line("down", &relay.stats().down)
-                );
-            }
-        }
-        None => {
-            crate::serve::wait_for_signal(&set, Duration::from_secs(5), || {
-                eprintln!(
-                    "netem: {} | {}",
-                    line("up", &relay.stats().up),
-                    line("down", &relay.stats().down)
-                );
-            });
-        }
-    }
+    wait(a.duration, &set, || {
+        eprintln!(
+            "netem: {} | {}",
+            line("up", &relay.stats().up),
+            line("down", &relay.stats().down)
+        )
+    });
     println!("{}", line("client->server", &relay.stats().up));
     println!("{}", line("server->client", &relay.stats().down));
     Ok(ExitCode::SUCCESS)

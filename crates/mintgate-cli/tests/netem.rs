@@ -102,3 +102,57 @@ fn delay_shows_in_the_round_trip_and_full_loss_times_out() {
     );
     assert_eq!(code, 5, "everything dropped: no response");
 }
+
+#[test]
+fn tcp_relay_delays_each_way_and_refuses_loss() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let fwd = server.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        if let Some(Ok(mut s)) = server.incoming().next() {
+            let mut r = s.try_clone().unwrap();
+            let _ = std::io::copy(&mut r, &mut s);
+        }
+    });
+    let rp = port();
+    let listen = format!("127.0.0.1:{rp}");
+    let _relay = spawn(&[
+        "netem",
+        "--tcp",
+        "--listen",
+        &listen,
+        "--forward",
+        &fwd,
+        "--delay",
+        "30ms",
+    ]);
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut c = loop {
+        match TcpStream::connect(&listen) {
+            Ok(c) => break c,
+            Err(e) if Instant::now() > end => panic!("relay never listened: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
+    c.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b).unwrap();
+    let took = t.elapsed();
+    assert_eq!(&b, b"ping");
+    assert!(
+        took >= Duration::from_millis(60),
+        "two 30 ms legs: {took:?}"
+    );
+
+    let o = Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args(["netem", "--tcp", "--listen", "127.0.0.1:0"])
+        .args(["--forward", &fwd, "--loss", "5%"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--tcp models delay only"), "{err}");
+}

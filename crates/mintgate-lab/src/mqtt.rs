@@ -46,6 +46,7 @@ use mintgate_mqtt::reorder::ReorderConfig;
 use mintgate_mqtt::{
     BrokerUrl, Publisher, PublisherConfig, Qos, SubEvent, Subscriber, SubscriberConfig,
 };
+use mintgate_netsim::tcp_relay::{TcpRelay, TcpRelayConfig};
 use plotters::prelude::*;
 
 use crate::{line, paper, LabOptions, Summary};
@@ -66,6 +67,10 @@ pub struct MqttLabOptions {
     pub window: usize,
     /// The Paho peer: its persistence, or off [file, Paho's default].
     pub paho: PahoMode,
+    /// One-way delay of a modelled link between every client and every
+    /// broker (mintgate's TCP delay relay in front of each broker) [0: the
+    /// clients reach the brokers over bare loopback].
+    pub link_delay: Duration,
 }
 
 /// Whether and how `lab mqtt` runs the paper's client, Eclipse Paho.
@@ -112,6 +117,7 @@ impl Default for MqttLabOptions {
             messages: None,
             window: 16,
             paho: PahoMode::File,
+            link_delay: Duration::ZERO,
         }
     }
 }
@@ -242,6 +248,27 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
             ),
         },
     }
+    // The paper's broker, publisher and subscriber were three hosts on a
+    // network; a link delay puts a modelled link between each client and
+    // the broker (every client, ours and Paho's, connects through it).
+    let _relays = if opts.link_delay.is_zero() {
+        Vec::new()
+    } else {
+        let mut relays = Vec::new();
+        for (b, url) in brokers.iter_mut() {
+            let (relay, via) = link(url, opts.link_delay)
+                .with_context(|| format!("putting a link in front of {b} ({url})"))?;
+            *url = via;
+            relays.push(relay);
+        }
+        notes.push(format!(
+            "link: every client reaches each broker through mintgate's TCP delay relay, \
+             {:?} each way ({:?} round trip); without --link-delay, bare loopback",
+            opts.link_delay,
+            opts.link_delay * 2
+        ));
+        relays
+    };
     let mut methods = vec![
         Method::PubQueue,
         Method::Qos2,
@@ -327,6 +354,30 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
         files: vec![csv_path, svg_path],
         target_met: Some(met),
     })
+}
+
+/// A TCP delay relay in front of the broker at `url`, and the URL that
+/// reaches the broker through it.
+fn link(url: &BrokerUrl, delay: Duration) -> anyhow::Result<(TcpRelay, BrokerUrl)> {
+    use std::net::ToSocketAddrs;
+    let forward = (url.host.as_str(), url.port)
+        .to_socket_addrs()?
+        .next()
+        .context("the broker's host resolves to no address")?;
+    let listen = if forward.is_ipv6() {
+        "[::1]:0"
+    } else {
+        "127.0.0.1:0"
+    };
+    let relay = TcpRelay::start(TcpRelayConfig {
+        listen: listen.parse().expect("literal"),
+        forward,
+        up: delay,
+        down: delay,
+    })?;
+    let mut via = BrokerUrl::from_addr(relay.local_addr());
+    via.version = url.version;
+    Ok((relay, via))
 }
 
 fn rand_u32() -> u32 {

@@ -8,21 +8,28 @@ use std::sync::Arc;
 
 use mintgate_lab::{lab_mqtt, LabOptions, MqttLabOptions};
 
-#[test]
-fn mqtt_lab_runs_every_method_and_loses_nothing() {
-    let out = std::env::temp_dir().join(format!("mintgate-lab-mqtt-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let s = lab_mqtt(&MqttLabOptions {
+/// One run per method, window 4, quick Paho warm-up, progress on stderr.
+fn short(out: &std::path::Path) -> MqttLabOptions {
+    MqttLabOptions {
         common: LabOptions {
-            out: out.clone(),
+            out: out.to_path_buf(),
             quick: true,
             progress: Arc::new(|l: &str| eprintln!("{l}")),
             ..LabOptions::default()
         },
         runs: Some(1),
-        messages: Some(60),
         window: 4,
         ..MqttLabOptions::default()
+    }
+}
+
+#[test]
+fn mqtt_lab_runs_every_method_and_loses_nothing() {
+    let out = std::env::temp_dir().join(format!("mintgate-lab-mqtt-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let s = lab_mqtt(&MqttLabOptions {
+        messages: Some(60),
+        ..short(&out)
     })
     .expect("lab mqtt runs");
     assert_eq!(s.lab, "mqtt");
@@ -99,5 +106,52 @@ fn mqtt_lab_runs_every_method_and_loses_nothing() {
             );
         }
     }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// With `link_delay`, every client goes through the TCP delay relay: a
+/// window-1 method then takes at least one modelled round trip per message
+/// and QoS 2 at least two, and still nothing is lost or reordered.
+#[test]
+fn mqtt_lab_over_a_modelled_link_pays_its_round_trips() {
+    let out = std::env::temp_dir().join(format!("mintgate-lab-mqtt-link-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let delay = std::time::Duration::from_millis(2);
+    let n = 25u32;
+    let s = lab_mqtt(&MqttLabOptions {
+        messages: Some(n.into()),
+        paho: mintgate_lab::PahoMode::Off,
+        link_delay: delay,
+        ..short(&out)
+    })
+    .expect("lab mqtt runs over a link");
+    let csv = std::fs::read_to_string(out.join("mqtt.csv")).expect("mqtt.csv");
+    let rtt = (delay * 2).as_secs_f64();
+    let mut checked = 0;
+    for r in csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+    {
+        let secs: f64 = r[4].parse().unwrap();
+        assert_eq!((r[5], r[6]), ("0", "0"), "missing / out of order: {r:?}");
+        let round_trips = match r[1] {
+            "pubqueue_qos1" | "qos1_w1" => 1.0,
+            "qos2" => 2.0,
+            _ => continue,
+        };
+        assert!(
+            secs >= round_trips * rtt * f64::from(n),
+            "{r:?}: faster than {round_trips} round trip(s) of {rtt} s per message"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3, "{csv}");
+    assert!(
+        s.table
+            .contains("through mintgate's TCP delay relay, 2ms each way"),
+        "{}",
+        s.table
+    );
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -9,7 +9,10 @@
 //! - [`relay`]: a real UDP impairment relay that sits in front of any UDP
 //!   server and applies loss, delay and jitter independently in each
 //!   direction.
+//! - [`tcp_relay`]: a real TCP delay relay that models a network link in
+//!   front of any TCP server (an MQTT broker, an HTTP server).
 
 pub mod loss;
 pub mod relay;
 pub mod sim;
+pub mod tcp_relay;
