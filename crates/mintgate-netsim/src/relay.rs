@@ -5,6 +5,11 @@
 //! peer per client and its answers find their way back). Each direction has
 //! its own loss model and its own delay (`delay ± jitter`, uniform; jitter can
 //! reorder, as on a real path). Everything is counted per direction.
+//!
+//! Delayed datagrams leave when a `timerfd` armed for the earliest one
+//! fires: epoll's own timeout is whole milliseconds (rounded up), which
+//! would add up to 1 ms to every delay and make sub-millisecond links
+//! meaningless.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -165,6 +170,69 @@ fn delay_of(imp: &Impairment, model: &mut LossModel) -> Duration {
 }
 
 const LISTENER: Token = Token(usize::MAX);
+const TIMER: Token = Token(usize::MAX - 1);
+
+/// A one-shot monotonic timer with nanosecond resolution, pollable by mio.
+struct Timer {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Timer {
+    fn new() -> io::Result<Timer> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscall; a non-negative result is a new descriptor
+        // that we own from here on.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        Ok(Timer { fd })
+    }
+
+    /// Fires once, `after` from now (at least 1 ns: zero would disarm it).
+    fn arm(&self, after: Duration) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let after = after.max(Duration::from_nanos(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: after.subsec_nanos() as libc::c_long,
+            },
+        };
+        // SAFETY: valid descriptor and a fully initialised itimerspec.
+        let r =
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Consumes an expiry so that the descriptor stops being readable.
+    fn clear(&self) {
+        use std::os::fd::AsRawFd;
+        let mut n = 0u64;
+        // SAFETY: reads at most 8 bytes into a u64; errors (EAGAIN) ignored.
+        unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut n as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+}
 
 fn run(
     cfg: RelayConfig,
@@ -175,6 +243,15 @@ fn run(
     let mut poll = Poll::new()?;
     poll.registry()
         .register(&mut listener, LISTENER, Interest::READABLE)?;
+    let timer = Timer::new()?;
+    {
+        use std::os::fd::AsRawFd;
+        poll.registry().register(
+            &mut mio::unix::SourceFd(&timer.fd.as_raw_fd()),
+            TIMER,
+            Interest::READABLE,
+        )?;
+    }
     let mut up_model = LossModel::new(cfg.up.loss, cfg.up.burst, cfg.seed);
     let mut down_model = LossModel::new(cfg.down.loss, cfg.down.burst, cfg.seed.wrapping_add(1));
     let mut clients: Vec<(SocketAddr, UdpSocket)> = Vec::new();
@@ -189,19 +266,19 @@ fn run(
         "0.0.0.0:0".parse().expect("literal")
     };
     while !stop.load(Relaxed) {
-        let now = Instant::now();
-        let timeout = heap
-            .peek()
-            .map(|Reverse(p)| p.due.saturating_duration_since(now))
-            .unwrap_or(Duration::from_millis(50))
-            .min(Duration::from_millis(50));
-        match poll.poll(&mut events, Some(timeout)) {
+        if let Some(Reverse(p)) = heap.peek() {
+            timer.arm(p.due.saturating_duration_since(Instant::now()))?;
+        }
+        // the timeout only bounds how long a stop request waits
+        match poll.poll(&mut events, Some(Duration::from_millis(50))) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
         for ev in events.iter() {
-            if ev.token() == LISTENER {
+            if ev.token() == TIMER {
+                timer.clear();
+            } else if ev.token() == LISTENER {
                 loop {
                     let (n, from) = match listener.recv_from(&mut buf) {
                         Ok(x) => x,
@@ -337,6 +414,30 @@ mod tests {
         assert!(rtt >= Duration::from_millis(80), "two 40 ms legs: {rtt:?}");
         assert_eq!(r.stats().up.forwarded.load(Relaxed), 1);
         assert_eq!(r.stats().down.forwarded.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_sub_millisecond_delay_is_kept_not_rounded_up_to_a_millisecond() {
+        let (_srv, addr) = echo_server();
+        let r = relay(addr, 0.0, Duration::from_micros(300));
+        let c = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut rtts = Vec::new();
+        for i in 0..20u8 {
+            let t = Instant::now();
+            c.send_to(&[i], r.local_addr()).unwrap();
+            let mut b = [0u8; 4];
+            let (n, _) = c.recv_from(&mut b).unwrap();
+            rtts.push(t.elapsed());
+            assert_eq!(&b[..n], &[i]);
+        }
+        let min = *rtts.iter().min().unwrap();
+        assert!(
+            min >= Duration::from_micros(600),
+            "two 300 us legs: {rtts:?}"
+        );
+        // epoll's millisecond timeout would make each leg at least 1 ms
+        assert!(min < Duration::from_micros(1800), "{rtts:?}");
     }
 
     #[test]
