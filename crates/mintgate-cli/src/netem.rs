@@ -148,7 +148,10 @@ fn wait(duration: Option<Duration>, set: &libc::sigset_t, report: impl Fn()) {
     match duration {
         Some(d) => {
             while start.elapsed() < d {
-                std::thread::sleep((d - start.elapsed()).min(Duration::from_secs(5)));
+                std::thread::sleep(
+                    d.saturating_sub(start.elapsed())
+                        .min(Duration::from_secs(5)),
+                );
                 report();
             }
         }

@@ -170,6 +170,9 @@ fn delay_of(imp: &Impairment, model: &mut LossModel) -> Duration {
 }
 
 const LISTENER: Token = Token(usize::MAX);
+/// Receive errors in a row one wake-up reads past before giving up on a
+/// socket until its next event (an error that repeats must not spin).
+const MAX_ERRORS_PER_WAKE: u32 = 64;
 const TIMER: Token = Token(usize::MAX - 1);
 
 /// A one-shot monotonic timer with nanosecond resolution, pollable by mio.
@@ -279,10 +282,19 @@ fn run(
             if ev.token() == TIMER {
                 timer.clear();
             } else if ev.token() == LISTENER {
+                let mut errors = 0;
                 loop {
                     let (n, from) = match listener.recv_from(&mut buf) {
                         Ok(x) => x,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        // an error is reported once (e.g. an ICMP one); the
+                        // datagrams queued behind it are still to be read:
+                        // mio's events are edge-triggered
+                        Err(_) if errors < MAX_ERRORS_PER_WAKE => {
+                            errors += 1;
+                            stats.up.errors.fetch_add(1, Relaxed);
+                            continue;
+                        }
                         Err(_) => break,
                     };
                     stats.up.received.fetch_add(1, Relaxed);
@@ -322,15 +334,19 @@ fn run(
                     continue;
                 };
                 let client = *client;
+                let mut errors = 0;
                 loop {
                     let n = match sock.recv(&mut buf) {
                         Ok(n) => n,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(_) => {
-                            // e.g. the server's port is closed (ICMP): count, go on
+                        // e.g. the server's port was closed for a moment
+                        // (ICMP): count, and read what is queued behind it
+                        Err(_) if errors < MAX_ERRORS_PER_WAKE => {
+                            errors += 1;
                             stats.down.errors.fetch_add(1, Relaxed);
-                            break;
+                            continue;
                         }
+                        Err(_) => break,
                     };
                     stats.down.received.fetch_add(1, Relaxed);
                     if down_model.lose() {
@@ -419,7 +435,7 @@ mod tests {
     #[test]
     fn a_sub_millisecond_delay_is_kept_not_rounded_up_to_a_millisecond() {
         let (_srv, addr) = echo_server();
-        let r = relay(addr, 0.0, Duration::from_micros(300));
+        let r = relay(addr, 0.0, Duration::from_micros(200));
         let c = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let mut rtts = Vec::new();
@@ -433,11 +449,12 @@ mod tests {
         }
         let min = *rtts.iter().min().unwrap();
         assert!(
-            min >= Duration::from_micros(600),
-            "two 300 us legs: {rtts:?}"
+            min >= Duration::from_micros(400),
+            "two 200 us legs: {rtts:?}"
         );
-        // epoll's millisecond timeout would make each leg at least 1 ms
-        assert!(min < Duration::from_micros(1800), "{rtts:?}");
+        // epoll's millisecond timeout would make each leg at least 1 ms;
+        // 1.5 ms of slack for wake-ups on a busy machine
+        assert!(min < Duration::from_micros(1900), "{rtts:?}");
     }
 
     #[test]

@@ -64,6 +64,10 @@ pub struct TcpRelayStats {
 }
 
 /// A running TCP relay; dropping it closes every connection and stops it.
+///
+/// Each connection holds 4 threads and 10 descriptors (the two sockets and
+/// their clones), so a default limit of 1,024 descriptors allows about 100
+/// connections at once.
 pub struct TcpRelay {
     addr: SocketAddr,
     stats: Arc<TcpRelayStats>,
@@ -127,7 +131,7 @@ fn accept_loop(
     cfg: TcpRelayConfig,
     listener: TcpListener,
     stats: &Arc<TcpRelayStats>,
-    stop: &AtomicBool,
+    stop: &Arc<AtomicBool>,
     open: &Arc<Mutex<Vec<TcpStream>>>,
 ) {
     for client in listener.incoming() {
@@ -137,23 +141,55 @@ fn accept_loop(
         let client = match client {
             Ok(c) => c,
             Err(e) => {
+                // e.g. out of descriptors: the connection stays queued, so
+                // pause instead of spinning on it
                 tracing::warn!(error = %e, "netem tcp: accept failed");
+                std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
         };
-        let server = match TcpStream::connect_timeout(&cfg.forward, Duration::from_secs(5)) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, forward = %cfg.forward, "netem tcp: server unreachable");
-                stats.refused.fetch_add(1, Relaxed);
-                continue; // dropping `client` closes it: the client sees the refusal
-            }
-        };
-        if let Err(e) = join(cfg, client, server, stats, open) {
-            tracing::warn!(error = %e, "netem tcp: could not start a connection");
-            continue;
+        // Connecting to the server happens on the connection's own thread,
+        // so that a server that does not answer holds up only its client.
+        let (stats, stop, open) = (stats.clone(), stop.clone(), open.clone());
+        let spawned = std::thread::Builder::new()
+            .name("netem-tcp-conn".into())
+            .spawn(move || connect(cfg, client, &stats, &stop, &open));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "netem tcp: no thread for a connection");
         }
-        stats.connections.fetch_add(1, Relaxed);
+    }
+}
+
+/// Joins one client to a new connection to the server, or closes it.
+fn connect(
+    cfg: TcpRelayConfig,
+    client: TcpStream,
+    stats: &Arc<TcpRelayStats>,
+    stop: &AtomicBool,
+    open: &Arc<Mutex<Vec<TcpStream>>>,
+) {
+    let server = match TcpStream::connect_timeout(&cfg.forward, Duration::from_secs(5)) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, forward = %cfg.forward, "netem tcp: server unreachable");
+            stats.refused.fetch_add(1, Relaxed);
+            // the client's connection was accepted; it now sees the end of
+            // the stream (or a reset if it had sent something)
+            return;
+        }
+    };
+    let (c, s) = (client.try_clone(), server.try_clone());
+    match join(cfg, client, server, stats, stop, open) {
+        Ok(()) => {
+            stats.connections.fetch_add(1, Relaxed);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "netem tcp: could not start a connection");
+            // whatever part of it started, end it: no half-relayed client
+            for sock in [c, s].into_iter().flatten() {
+                let _ = sock.shutdown(Shutdown::Both);
+            }
+        }
     }
 }
 
@@ -163,13 +199,20 @@ fn join(
     client: TcpStream,
     server: TcpStream,
     stats: &Arc<TcpRelayStats>,
+    stop: &AtomicBool,
     open: &Arc<Mutex<Vec<TcpStream>>>,
 ) -> io::Result<()> {
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
     {
         let mut o = open.lock().unwrap_or_else(|e| e.into_inner());
-        // forget connections that have finished (both legs shut down)
+        // checked under the lock the relay's Drop takes after setting it:
+        // a connection is either closed by Drop or never started
+        if stop.load(Relaxed) {
+            return Err(io::Error::other("the relay is stopping"));
+        }
+        // forget connections that have finished (both legs closed); this
+        // runs per new connection, so an idle relay keeps the last ones
         o.retain(|s| s.peer_addr().is_ok());
         o.push(client.try_clone()?);
         o.push(server.try_clone()?);
@@ -194,10 +237,19 @@ fn count(d: &TcpDirectionStats, n: usize) {
     d.chunks.fetch_add(1, Relaxed);
 }
 
+/// Chunks one direction holds at most (each up to 64 KiB): when the far
+/// side reads slower than the near side writes, the reader stops reading
+/// and TCP's flow control reaches the sender, as on a real link.
+const HELD_CHUNKS: usize = 256;
+
 /// One direction: a reader stamps each chunk with when it may leave, a
-/// writer sends it then. End of stream is forwarded as a write shutdown
-/// (after the delay); an error on either end shuts both sockets down, which
-/// ends the other direction too.
+/// writer sends it then.
+///
+/// The end of the stream, or a read error (a reset), is forwarded after the
+/// delay as a write shutdown, behind the data held before it. When writing
+/// fails (the far side is gone) the writer stops reading this direction
+/// (shutting its source's read side); the other direction goes on
+/// delivering what it holds, so a last answer before a close is not lost.
 fn pipe(
     name: &str,
     mut from: TcpStream,
@@ -205,8 +257,8 @@ fn pipe(
     delay: Duration,
     on_chunk: impl Fn(usize) + Send + 'static,
 ) -> io::Result<()> {
-    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-    let (from_r, to_r) = (from.try_clone()?, to.try_clone()?);
+    let (tx, rx) = mpsc::sync_channel::<(Instant, Vec<u8>)>(HELD_CHUNKS);
+    let from_r = from.try_clone()?;
     std::thread::Builder::new()
         .name(format!("netem-tcp-{name}-r"))
         .spawn(move || {
@@ -220,15 +272,11 @@ fn pipe(
                             .send((Instant::now() + delay, buf[..n].to_vec()))
                             .is_err()
                         {
-                            break; // the writer failed and shut things down
+                            return; // the writer has stopped: nothing to forward
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        let _ = to_r.shutdown(Shutdown::Both);
-                        let _ = from.shutdown(Shutdown::Both);
-                        return;
-                    }
+                    Err(_) => break,
                 }
             }
             // end of stream: the writer forwards it once the delay has run
@@ -248,8 +296,8 @@ fn pipe(
                     return;
                 }
                 if to.write_all(&data).is_err() {
-                    let _ = to.shutdown(Shutdown::Both);
-                    let _ = from_r.shutdown(Shutdown::Both);
+                    // the reader sees the end of its stream and stops
+                    let _ = from_r.shutdown(Shutdown::Read);
                     return;
                 }
             }
@@ -349,6 +397,66 @@ mod tests {
         writer.join().unwrap();
         assert_eq!(back.len(), data.len());
         assert!(back == data, "bytes changed or reordered");
+    }
+
+    #[test]
+    fn an_answer_held_on_the_link_survives_the_server_closing_under_an_upload() {
+        // the server answers after 4 bytes and closes while the client is
+        // still sending (an HTTP 413, a broker refusing a client)
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let fwd = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(b"413").unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        });
+        let r = relay(fwd, Duration::from_millis(20), Duration::from_millis(20));
+        let c = TcpStream::connect(r.local_addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut w = c.try_clone().unwrap();
+        let uploader = std::thread::spawn(move || {
+            for _ in 0..500 {
+                if w.write_all(&[7u8; 1024]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let mut got = Vec::new();
+        let _ = (&c).read_to_end(&mut got);
+        assert_eq!(got, b"413", "the held answer was lost");
+        drop(c);
+        uploader.join().unwrap();
+    }
+
+    #[test]
+    fn a_server_that_stops_reading_stops_the_client_not_the_relays_memory() {
+        // a server that accepts and never reads
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let fwd = l.local_addr().unwrap();
+        let hold = std::thread::spawn(move || {
+            let s = l.accept().unwrap();
+            std::thread::sleep(Duration::from_secs(4));
+            drop(s);
+        });
+        let r = relay(fwd, Duration::ZERO, Duration::ZERO);
+        let mut c = TcpStream::connect(r.local_addr()).unwrap();
+        c.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+        let chunk = vec![1u8; 1 << 20];
+        let mut sent = 0usize;
+        while sent < 200 << 20 && c.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+        let held = r.stats().up.bytes.load(Relaxed);
+        assert!(sent < 200 << 20, "the client never had to wait");
+        // at most HELD_CHUNKS reads of 64 KiB in the relay, plus what is
+        // waiting in the server's receive buffer
+        assert!(held < ((HELD_CHUNKS as u64) << 16) + (32 << 20), "{held}");
+        drop(c);
+        drop(r);
+        hold.join().unwrap();
     }
 
     #[test]
