@@ -96,17 +96,29 @@ impl FromStr for BrokerUrl {
                 "" => None,
                 p => Some(p.strip_prefix(':').ok_or_else(bad)?),
             };
+            if h.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(format!(
+                    "bad broker URL {s:?}: [{h}] is not an IPv6 address"
+                ));
+            }
             (h.to_owned(), port)
         } else {
-            match rest.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') => (h.to_owned(), Some(p)),
+            let (h, port) = match rest.rsplit_once(':') {
+                Some((h, p)) if !h.contains(':') => (h, Some(p)),
                 Some(_) => return Err(bad()),
-                None => (rest.to_owned(), None),
+                None => (rest, None),
+            };
+            if h.is_empty() {
+                return Err(bad());
             }
+            if h.len() > 253 || !h.bytes().all(is_host_name_byte) {
+                return Err(format!(
+                    "bad broker URL {s:?}: host {h:?} is not an IPv4 address or a host name \
+                     (letters, digits, '-', '.', '_'; an IPv6 address goes in brackets)"
+                ));
+            }
+            (h.to_owned(), port)
         };
-        if host.is_empty() {
-            return Err(bad());
-        }
         let port = match port {
             None => 1883,
             Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(bad)?,
@@ -117,6 +129,11 @@ impl FromStr for BrokerUrl {
             version,
         })
     }
+}
+
+/// What a host name or IPv4 address in a broker URL may be made of.
+fn is_host_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')
 }
 
 /// Quality of service of a publish or subscription.
@@ -467,9 +484,20 @@ mod tests {
             "mqtt://h/x",
             "mqtt://::1:5",
             "mqtts://h",
+            // found by fuzzing (config_toml): a bracketed host that is not
+            // an IPv6 address printed back without its brackets
+            "mqtt://[[\0\u{7f}\0-\u{4}(\0]",
+            "mqtt://[host]:1883",
+            "mqtt://ho st:1883",
+            "mqtt://h\u{0}:1883",
+            "mqtt://[fe80::1%eth0]",
         ] {
             assert!(bad.parse::<BrokerUrl>().is_err(), "{bad}");
         }
+        let e = "mqtt://[x]".parse::<BrokerUrl>().unwrap_err();
+        assert!(e.contains("[x] is not an IPv6 address"), "{e}");
+        let u: BrokerUrl = "mqtt://broker_1.example-net.org".parse().unwrap();
+        assert_eq!(u.host, "broker_1.example-net.org");
     }
 
     #[test]

@@ -13,6 +13,19 @@ proptest! {
         }
     }
 
+    /// Any characters at all in the host: what is accepted is an IPv6
+    /// address in brackets or a plain name, and prints back the same.
+    #[test]
+    fn any_host_is_refused_or_round_trips(s in "(mqtt5?|tcp)://(\\[.{0,16}\\]|.{0,16})(:[0-9]{1,5})?") {
+        if let Ok(u) = s.parse::<BrokerUrl>() {
+            let ok_host = u.host.parse::<std::net::Ipv6Addr>().is_ok()
+                || u.host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+            prop_assert!(ok_host, "{:?} accepted host {:?}", s, u.host);
+            let back = u.to_string();
+            prop_assert_eq!(back.parse::<BrokerUrl>(), Ok(u), "{} -> {}", s, back);
+        }
+    }
+
     #[test]
     fn any_text_parses_or_says_why(s in "[ -~]{0,40}") {
         if let Err(e) = s.parse::<BrokerUrl>() {
