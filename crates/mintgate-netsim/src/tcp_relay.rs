@@ -8,8 +8,11 @@
 //! would have on the modelled link.
 //!
 //! Invariants:
-//! - bytes are never reordered, dropped or duplicated (TCP's own guarantee;
-//!   loss on a TCP path shows up as delay, so the relay models delay only);
+//! - bytes are never reordered or duplicated, and dropped only when the
+//!   side they are going to has gone (TCP's own guarantee; loss on a TCP
+//!   path shows up as delay, so the relay models delay only);
+//! - each direction holds at most 256 reads (`HELD_CHUNKS`): a receiver
+//!   that stops reading stops the sender, as TCP's flow control would;
 //! - a chunk leaves no earlier than `delay` after it was read; how much
 //!   later is the sleep's overshoot (tens of microseconds on Linux, where
 //!   the writer threads ask for a 1 us timer slack);
