@@ -251,10 +251,8 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
     // The paper's broker, publisher and subscriber were three hosts on a
     // network; a link delay puts a modelled link between each client and
     // the broker (every client, ours and Paho's, connects through it).
-    let _relays = if opts.link_delay.is_zero() {
-        Vec::new()
-    } else {
-        let mut relays = Vec::new();
+    let mut relays = Vec::new(); // kept alive until the lab ends
+    if !opts.link_delay.is_zero() {
         for (b, url) in brokers.iter_mut() {
             let (relay, via) = link(url, opts.link_delay)
                 .with_context(|| format!("putting a link in front of {b} ({url})"))?;
@@ -267,8 +265,7 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
             opts.link_delay,
             opts.link_delay * 2
         ));
-        relays
-    };
+    }
     let mut methods = vec![
         Method::PubQueue,
         Method::Qos2,
@@ -375,8 +372,7 @@ fn link(url: &BrokerUrl, delay: Duration) -> anyhow::Result<(TcpRelay, BrokerUrl
         up: delay,
         down: delay,
     })?;
-    let mut via = BrokerUrl::from_addr(relay.local_addr());
-    via.version = url.version;
+    let via = BrokerUrl::from_addr(relay.local_addr()).with_version(url.version);
     Ok((relay, via))
 }
 

@@ -268,9 +268,15 @@ fn run(
     } else {
         "0.0.0.0:0".parse().expect("literal")
     };
+    // when the timer is set to fire: re-armed only when the earliest
+    // datagram changes, not on every wake-up
+    let mut armed: Option<Instant> = None;
     while !stop.load(Relaxed) {
         if let Some(Reverse(p)) = heap.peek() {
-            timer.arm(p.due.saturating_duration_since(Instant::now()))?;
+            if armed != Some(p.due) {
+                timer.arm(p.due.saturating_duration_since(Instant::now()))?;
+                armed = Some(p.due);
+            }
         }
         // the timeout only bounds how long a stop request waits
         match poll.poll(&mut events, Some(Duration::from_millis(50))) {
@@ -281,6 +287,7 @@ fn run(
         for ev in events.iter() {
             if ev.token() == TIMER {
                 timer.clear();
+                armed = None;
             } else if ev.token() == LISTENER {
                 let mut errors = 0;
                 loop {
