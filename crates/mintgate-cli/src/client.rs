@@ -144,7 +144,8 @@ pub struct RequestArgs {
     /// the last one's).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     count: u32,
-    /// Time between repeated requests, e.g. 500ms, 2s.
+    /// Time between repeated requests, e.g. 500ms, 2s [default: none, each
+    /// request sent as soon as the one before is answered].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     interval: Option<Duration>,
 }
@@ -152,17 +153,13 @@ pub struct RequestArgs {
 /// The DTLS options of a coaps request.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct DtlsArgs {
-    /// coaps: the PSK identity to use with --psk-key.
-    #[arg(long, value_name = "ID", requires = "psk_key")]
-    pub psk_identity: Option<String>,
-    /// coaps: the pre-shared key, as text or 0x and hex digits (or from
+    /// coaps: the PSK identity to use with --psk-key (or with the key in
     /// the MINTGATE_PSK_KEY variable, which does not show in `ps`).
-    #[arg(
-        long,
-        value_name = "KEY",
-        env = "MINTGATE_PSK_KEY",
-        requires = "psk_identity"
-    )]
+    #[arg(long, value_name = "ID")]
+    pub psk_identity: Option<String>,
+    /// coaps: the pre-shared key of --psk-identity, as text or 0x and hex
+    /// digits.
+    #[arg(long, value_name = "KEY", requires = "psk_identity")]
     pub psk_key: Option<String>,
     /// coaps: PEM CA certificates the server's certificate must chain to
     /// (its subjectAltName must name the URI's host).
@@ -179,13 +176,21 @@ pub struct DtlsArgs {
 impl DtlsArgs {
     /// The client settings for a session with `host`.
     pub fn settings(&self, host: &Host) -> anyhow::Result<mintgate_dtls::ClientSettings> {
-        let psk = match (&self.psk_identity, &self.psk_key) {
-            (Some(id), Some(k)) => Some(
-                mintgate_dtls::parse_key(k)
-                    .and_then(|key| mintgate_dtls::Psk::new(id, key))
-                    .context("--psk-identity/--psk-key")?,
-            ),
-            _ => None,
+        let psk = match &self.psk_identity {
+            Some(id) => {
+                let k = crate::psk_key_or_env(self.psk_key.as_deref()).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--psk-identity needs a key: --psk-key KEY or the {} variable",
+                        crate::PSK_KEY_VAR
+                    )
+                })?;
+                Some(
+                    mintgate_dtls::parse_key(&k)
+                        .and_then(|key| mintgate_dtls::Psk::new(id, key))
+                        .context("--psk-identity/--psk-key")?,
+                )
+            }
+            None => None,
         };
         Ok(mintgate_dtls::ClientSettings {
             psk,

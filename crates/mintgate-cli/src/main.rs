@@ -24,9 +24,10 @@ mod serve;
 #[derive(Parser)]
 #[command(name = "mintgate", version, about, long_about = None, propagate_version = true)]
 struct Cli {
-    /// Log filter, e.g. `info`, `debug`, `mintgate_gateway=trace` (also RUST_LOG).
-    #[arg(long, global = true, default_value = "info", env = "MINTGATE_LOG")]
-    log: String,
+    /// Log filter, e.g. `info`, `debug`, `mintgate_gateway=trace`. Without
+    /// it (or MINTGATE_LOG), RUST_LOG when set, else `info`.
+    #[arg(long, global = true, value_name = "FILTER", env = "MINTGATE_LOG")]
+    log: Option<String>,
     /// Log line format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -56,7 +57,7 @@ enum Cmd {
     Delete(client::RequestArgs),
     /// Load-generate against one or more CoAP servers and report throughput and latency.
     Bench(bench::BenchArgs),
-    /// Relay UDP with loss, delay and jitter, or TCP with delay, in each direction (this machine has no netem).
+    /// Relay UDP with loss, delay and jitter, or TCP with delay, in each direction (no tc netem or root needed).
     Netem(netem::NetemArgs),
     /// Observe a resource (RFC 7641): print each notification until a count or duration.
     Observe(observe::ObserveArgs),
@@ -74,16 +75,41 @@ enum Cmd {
     Http(http::HttpArgs),
 }
 
-fn init_logging(filter: &str, format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
+/// The variable a coaps pre-shared key can come from, so that it does not
+/// show in `ps`.
+pub(crate) const PSK_KEY_VAR: &str = "MINTGATE_PSK_KEY";
+
+/// The key given on the command line, else the one in [`PSK_KEY_VAR`] (if
+/// set and not empty). Callers ask only where an identity needs a key, so
+/// an exported variable never gets in the way of plain CoAP.
+pub(crate) fn psk_key_or_env(flag: Option<&str>) -> Option<String> {
+    flag.map(str::to_owned)
+        .or_else(|| std::env::var(PSK_KEY_VAR).ok().filter(|k| !k.is_empty()))
+}
+
+/// The log filter: `--log` (or MINTGATE_LOG), else RUST_LOG, else `info`.
+fn log_filter(flag: Option<&str>, rust_log: Option<&str>) -> String {
+    let filter = flag.or(rust_log).unwrap_or("info");
     // The embedded MQTT broker (rumqttd) logs every client disconnect as an
     // error: silent unless asked for by name.
-    let filter = if filter.contains("rumqttd") {
+    if filter.contains("rumqttd") {
         filter.to_owned()
     } else {
         format!("{filter},rumqttd=off")
+    }
+}
+
+fn init_logging(flag: Option<&str>, format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let rust_log = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
+    let text = log_filter(flag, rust_log.as_deref());
+    let filter = match EnvFilter::try_new(&text) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("mintgate: warning: bad log filter '{text}' ({e}); logging at info");
+            EnvFilter::new("info,rumqttd=off")
+        }
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(filter));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -95,7 +121,7 @@ fn init_logging(filter: &str, format: LogFormat) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log, cli.log_format);
+    init_logging(cli.log.as_deref(), cli.log_format);
     use mintgate_coap::wire::Code;
     let res = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
@@ -119,5 +145,21 @@ fn main() -> ExitCode {
             eprintln!("mintgate: error: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn the_log_flag_wins_over_rust_log() {
+        assert_eq!(
+            log_filter(Some("debug"), Some("error")),
+            "debug,rumqttd=off"
+        );
+        assert_eq!(log_filter(None, Some("error")), "error,rumqttd=off");
+        assert_eq!(log_filter(None, None), "info,rumqttd=off");
+        assert_eq!(log_filter(Some("rumqttd=warn"), None), "rumqttd=warn");
     }
 }

@@ -30,17 +30,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     coaps: Vec<SocketAddr>,
     /// PSK identity clients use with --psk-key (replaces coaps.psk_identity).
-    #[arg(long, value_name = "ID", requires = "psk_key")]
+    /// Without --psk-key its key comes from the MINTGATE_PSK_KEY variable.
+    #[arg(long, value_name = "ID")]
     psk_identity: Option<String>,
     /// Pre-shared key of --psk-identity: the text as given, or 0x and hex
     /// digits (replaces coaps.psk_key; prefer the config file or the
-    /// MINTGATE_PSK_KEY variable, which do not show in `ps`).
-    #[arg(
-        long,
-        value_name = "KEY",
-        env = "MINTGATE_PSK_KEY",
-        requires = "psk_identity"
-    )]
+    /// MINTGATE_PSK_KEY variable, which do not show in `ps`). The variable
+    /// is read only for an identity (flag or coaps.psk_identity) without a
+    /// key.
+    #[arg(long, value_name = "KEY", requires = "psk_identity")]
     psk_key: Option<String>,
     /// PEM certificate chain for coaps (replaces coaps.cert).
     #[arg(long, value_name = "FILE", requires = "coaps_key")]
@@ -160,6 +158,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if a.psk_identity.is_some() {
         cfg.coaps.psk_identity = a.psk_identity.clone();
         cfg.coaps.psk_key = a.psk_key.clone();
+    }
+    if cfg.coaps.psk_identity.is_some() && cfg.coaps.psk_key.is_none() {
+        cfg.coaps.psk_key = crate::psk_key_or_env(None);
     }
     if a.coaps_cert.is_some() {
         cfg.coaps.cert = a.coaps_cert.clone();

@@ -46,11 +46,17 @@ fn free_port() -> u16 {
 }
 
 fn mintgate(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("MINTGATE_PSK_KEY")
-        .output()
-        .expect("run mintgate")
+    mintgate_with_key(args, None)
+}
+
+/// Runs mintgate with `MINTGATE_PSK_KEY` set to `key` (or unset).
+fn mintgate_with_key(args: &[&str], key: Option<&str>) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args).env_remove("MINTGATE_PSK_KEY");
+    if let Some(k) = key {
+        c.env("MINTGATE_PSK_KEY", k);
+    }
+    c.output().expect("run mintgate")
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -63,9 +69,20 @@ fn text(o: &Output) -> (String, String) {
 /// `mintgate serve` with a plain and a coaps listener and `extra` flags;
 /// returns it once it answers plain CoAP, with the coaps port.
 fn serve(extra: &[&str]) -> (Proc, u16) {
+    serve_with_key(extra, None).0
+}
+
+/// [`serve`] with `MINTGATE_PSK_KEY` set to `key` (or unset); also returns
+/// the plain CoAP port.
+fn serve_with_key(extra: &[&str], key: Option<&str>) -> ((Proc, u16), u16) {
     let (plain, secure) = (free_port(), free_port());
     let log = std::env::temp_dir().join(format!("mintgate-coaps-{secure}.log"));
-    let child = Command::new(BIN)
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("MINTGATE_PSK_KEY");
+    if let Some(k) = key {
+        cmd.env("MINTGATE_PSK_KEY", k);
+    }
+    let child = cmd
         .args(["serve", "--threads", "2"])
         .args(["--coap", &format!("127.0.0.1:{plain}")])
         .args(["--coaps", &format!("127.0.0.1:{secure}")])
@@ -85,7 +102,7 @@ fn serve(extra: &[&str]) -> (Proc, u16) {
             &format!("coap://127.0.0.1:{plain}/request"),
         ]);
         if o.status.success() {
-            return (p, secure);
+            return ((p, secure), plain);
         }
         if let Ok(Some(st)) = p.0.try_wait() {
             panic!(
@@ -110,6 +127,43 @@ fn libcoap_client(args: &[&str], uri: &str) -> (String, String) {
         .output()
         .expect("run coap-client-openssl");
     text(&o)
+}
+
+/// The key variable gives an identity its key, on both ends, and an
+/// exported variable leaves plain CoAP alone (it used to make `get` and
+/// `serve` demand --psk-identity).
+#[test]
+fn an_exported_psk_key_serves_identities_and_leaves_plain_coap_alone() {
+    let ((_srv, port), plain) = serve_with_key(&["--psk-identity", ID], Some(KEY));
+    let plain_get = mintgate_with_key(
+        &[
+            "get",
+            "--timeout",
+            "2s",
+            &format!("coap://127.0.0.1:{plain}/request"),
+        ],
+        Some(KEY),
+    );
+    assert!(plain_get.status.success(), "{:?}", text(&plain_get));
+    assert_eq!(text(&plain_get).0.trim(), "hello world");
+    let uri = format!("coaps://127.0.0.1:{port}/request");
+    let secure = mintgate_with_key(
+        &["get", "--timeout", "3s", "--psk-identity", ID, &uri],
+        Some(KEY),
+    );
+    assert!(secure.status.success(), "{:?}", text(&secure));
+    assert_eq!(text(&secure).0.trim(), "hello world");
+    // an identity with no key anywhere is a clear error naming both ways
+    let keyless = mintgate_with_key(&["get", "--psk-identity", ID, &uri], None);
+    assert!(!keyless.status.success());
+    let (_, e) = text(&keyless);
+    assert!(
+        e.contains("--psk-key") && e.contains("MINTGATE_PSK_KEY"),
+        "{e}"
+    );
+    // a key flag without an identity is still refused
+    let stray = mintgate(&["get", "--psk-key", KEY, &uri]);
+    assert_eq!(stray.status.code(), Some(2), "{:?}", text(&stray));
 }
 
 #[test]
