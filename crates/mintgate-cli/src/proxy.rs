@@ -48,7 +48,9 @@ pub struct ProxyArgs {
     /// Congestion control of the upstream CoAP client (replaces proxy.congestion).
     #[arg(long, value_name = "basic|cocoa|adaptive")]
     cc: Option<Algorithm>,
-    /// Print the effective [proxy] section as TOML (tokens shown as "<redacted>") and exit.
+    /// Check the [proxy] section with these flags applied, print the whole
+    /// effective configuration as TOML (tokens shown as "<redacted>"; an
+    /// empty `allow` means the default upstreams above) and exit.
     #[arg(long)]
     print_config: bool,
 }

@@ -94,7 +94,10 @@ pub struct ServeArgs {
     /// mqtt.embedded_listen5, default 127.0.0.1:1884; port 0: any free port).
     #[arg(long, value_name = "ADDR")]
     mqtt_listen5: Option<SocketAddr>,
-    /// Print the effective configuration as TOML (keys and tokens shown as "<redacted>") and exit.
+    /// Check the configuration (every section, as the start would, short
+    /// of binding sockets and opening devices), print it as TOML (keys
+    /// and tokens shown as "<redacted>") and exit: 0 when valid, 1 with
+    /// an error naming the key.
     #[arg(long)]
     print_config: bool,
     /// Log the Performance Observer's last sample every this many seconds while there is traffic (0 = never).
@@ -200,7 +203,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(l) = a.mqtt_listen5 {
         cfg.mqtt.embedded_listen5 = l;
     }
-    cfg.validate()?;
+    cfg.validate_to_start()?;
+    // [proxy] is checked even when --http/--h3 are not given, so a bad
+    // section shows now and not on the day the proxy is switched on
+    crate::proxy::proxy_config(&cfg.proxy, &crate::proxy::own_endpoints(&cfg.coap.bind))?;
     if a.print_config {
         print!("{}", cfg.to_toml_redacted());
         return Ok(ExitCode::SUCCESS);

@@ -236,3 +236,60 @@ fn the_systemd_unit_runs_a_valid_command_line() {
     let refs: Vec<&str> = argv[2..].iter().map(String::as_str).collect();
     print_config(&refs);
 }
+
+/// `serve --print-config` is the check before a deployment: sections that
+/// only a later start (or a later `--http`) would have refused are refused
+/// now, with exit 1 and the key named; a valid file passes.
+#[test]
+fn print_config_checks_every_section() {
+    let dir = std::env::temp_dir().join(format!("mintgate-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        ("[proxy]\ncongestion = \"cubic\"\n", Some("proxy.congestion")),
+        ("[proxy]\nnstart = 0\n", Some("proxy.nstart")),
+        (
+            "[proxy]\n[[proxy.reverse]]\nprefix = \"/x\"\ntarget = \"nota uri\"\n",
+            Some("proxy.reverse"),
+        ),
+        ("[directpath]\npriority = 150\n", Some("directpath.priority")),
+        (
+            "[directpath]\nlinks = [\"temp0 -> actuator(nope)\"]\n",
+            Some("directpath.links"),
+        ),
+        (
+            "[directpath]\nlinks = [\"temp0 -> mqtt(a/b)\"]\n",
+            Some("mqtt.enabled = true or --mqtt"),
+        ),
+        (
+            "[[devices.list]]\nname = \"a\"\nkind = \"sim-actuator\"\nsignal = \"constant(1)\"\n",
+            Some("devices.list"),
+        ),
+        (
+            "[[devices.list]]\nname = \"s\"\nkind = \"sim-sensor\"\nsignal = \"constant(1)\"\nperiod = \"10us\"\n",
+            Some("100us"),
+        ),
+        (
+            "[directpath]\npriority = 99\nlinks = [\"temp0 | threshold(25, 23) -> actuator(led0)\"]\n",
+            None,
+        ),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        let f = dir.join(format!("c{i}.toml"));
+        std::fs::write(&f, text).unwrap();
+        let out = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(&f)
+            .arg("--print-config")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match want {
+            Some(w) => {
+                assert_eq!(out.status.code(), Some(1), "{text}: {err}");
+                assert!(err.contains(w), "{text}: wanted `{w}` in: {err}");
+            }
+            None => assert!(out.status.success(), "{text}: {err}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -175,9 +175,12 @@ fn period(spec: &DeviceSpec) -> Result<Option<Duration>, DeviceError> {
         .transpose()
 }
 
-/// The finder: builds the driver a declaration asks for, checking that it
-/// sets what its kind needs and nothing that only other kinds use.
-pub fn build_driver(spec: &DeviceSpec) -> Result<Arc<dyn Driver>, DeviceError> {
+/// Checks a declaration without touching any device: its name, that it
+/// sets what its kind needs and nothing that only other kinds use, and that
+/// its signal, period, debounce and notify_every parse. What only the
+/// device can tell (a missing file or GPIO chip) is left to
+/// [`build_driver`].
+pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
     if !crate::directpath::link::valid_name(&spec.name) {
         return Err(cfg_err(spec, "a name is 1-32 of A-Z a-z 0-9 _ - ."));
     }
@@ -226,6 +229,98 @@ pub fn build_driver(spec: &DeviceSpec) -> Result<Arc<dyn Driver>, DeviceError> {
             ));
         }
     }
+    spec.notify_period()?;
+    period(spec)?;
+    match spec.kind {
+        DeviceKind::SimSensor => {
+            spec.signal
+                .as_deref()
+                .ok_or_else(|| cfg_err(spec, "needs `signal`, e.g. \"sine(22, 3, 60s)\""))?
+                .parse::<Signal>()
+                .map_err(|e: String| cfg_err(spec, format!("signal: {e}")))?;
+        }
+        DeviceKind::AttrSensor | DeviceKind::AttrActuator if spec.path.is_none() => {
+            return Err(cfg_err(spec, "needs `path`"));
+        }
+        DeviceKind::GpioIn | DeviceKind::GpioOut if spec.line.is_none() => {
+            return Err(cfg_err(spec, "needs `line` (an offset or a line name)"));
+        }
+        _ => {}
+    }
+    if let Some(d) = &spec.debounce {
+        crate::parse::duration(d).map_err(|e| cfg_err(spec, format!("debounce: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Checks a whole `[devices]` and `[directpath]` configuration without
+/// starting anything: every declaration ([`check_spec`]), names unique, the
+/// worker's priority, and every link (syntax, filters, its devices exist,
+/// outputs to actuators are actuators). `output_kinds` are the custom
+/// output kinds that will be registered (`mqtt` when the bridges run).
+pub fn check_config(
+    devices: &DevicesConfig,
+    dp: &DirectPathConfig,
+    output_kinds: &[&str],
+) -> Result<(), DeviceError> {
+    let mut kinds: HashMap<&str, DeviceKind> = HashMap::new();
+    for spec in &devices.list {
+        check_spec(spec)?;
+        if kinds.insert(&spec.name, spec.kind).is_some() {
+            return Err(DeviceError::Exists(spec.name.clone()));
+        }
+    }
+    if dp.priority > 99 {
+        return Err(DeviceError::Config {
+            name: "directpath.priority".into(),
+            why: format!("{} is outside 0..=99", dp.priority),
+        });
+    }
+    for l in &dp.links {
+        let err = |why: String| DeviceError::Config {
+            name: "directpath.links".into(),
+            why: format!("`{l}`: {why}"),
+        };
+        let spec: LinkSpec = l.parse().map_err(err)?;
+        for f in &spec.filters {
+            Filter::spec(f.clone()).map_err(err)?;
+        }
+        if !kinds.contains_key(spec.input.as_str()) {
+            return Err(err(format!("no device named `{}`", spec.input)));
+        }
+        if spec.outputs.is_empty() {
+            return Err(err("a link needs at least one output".into()));
+        }
+        for o in &spec.outputs {
+            match o {
+                OutputSpec::Actuator(n) => match kinds.get(n.as_str()) {
+                    None => return Err(err(format!("no device named `{n}`"))),
+                    Some(k) if !k.is_actuator() => {
+                        return Err(err(format!("`{n}` is a sensor, not an actuator")))
+                    }
+                    Some(_) => {}
+                },
+                OutputSpec::Notify(n) if !kinds.contains_key(n.as_str()) => {
+                    return Err(err(format!("no device named `{n}`")))
+                }
+                OutputSpec::Custom { kind, .. } if !output_kinds.contains(&kind.as_str()) => {
+                    return Err(err(format!(
+                        "unknown output `{kind}` (known here: actuator, notify, log{}{})",
+                        if output_kinds.is_empty() { "" } else { ", " },
+                        output_kinds.join(", ")
+                    )))
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The finder: builds the driver a declaration asks for, checking it first
+/// with [`check_spec`].
+pub fn build_driver(spec: &DeviceSpec) -> Result<Arc<dyn Driver>, DeviceError> {
+    check_spec(spec)?;
     let need_path = || {
         spec.path
             .clone()
@@ -243,7 +338,7 @@ pub fn build_driver(spec: &DeviceSpec) -> Result<Arc<dyn Driver>, DeviceError> {
             .ok_or_else(|| cfg_err(spec, "needs `line` (an offset or a line name)"))?;
         crate::gpio::resolve(spec.chip.as_deref(), line)
     };
-    Ok(match k {
+    Ok(match spec.kind {
         DeviceKind::SimSensor => {
             let signal: Signal = spec
                 .signal
@@ -799,5 +894,164 @@ mod tests {
         assert_eq!(std::fs::read_to_string(d.join("out")).unwrap(), "1\n");
         drop(m);
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// `check_config` says no exactly when starting says no, for
+    /// configurations that need no file or chip; and names what is wrong.
+    #[test]
+    fn the_config_check_agrees_with_the_start() {
+        let sensor = |name: &str| {
+            let mut s = DeviceSpec::new(name, DeviceKind::SimSensor);
+            s.signal = Some("constant(1)".into());
+            s
+        };
+        let actuator = |name: &str| DeviceSpec::new(name, DeviceKind::SimActuator);
+        let with = |f: &dyn Fn(&mut DeviceSpec)| {
+            let mut s = sensor("s");
+            f(&mut s);
+            vec![s, actuator("a")]
+        };
+        let ok_devices = vec![sensor("s"), actuator("a")];
+        /// (what, devices, links, a word of the error or None for valid)
+        type Case<'a> = (&'a str, Vec<DeviceSpec>, Vec<&'a str>, Option<&'a str>);
+        let cases: Vec<Case> = vec![
+            (
+                "valid",
+                ok_devices.clone(),
+                vec!["s | threshold(2, 1) -> actuator(a), log"],
+                None,
+            ),
+            ("no links", ok_devices.clone(), vec![], None),
+            ("bad name", vec![sensor("a b")], vec![], Some("a name is")),
+            (
+                "duplicate",
+                vec![sensor("s"), sensor("s")],
+                vec![],
+                Some("already exists"),
+            ),
+            (
+                "no signal",
+                with(&|s| s.signal = None),
+                vec![],
+                Some("needs `signal`"),
+            ),
+            (
+                "bad signal",
+                with(&|s| s.signal = Some("saw(".into())),
+                vec![],
+                Some("signal"),
+            ),
+            (
+                "short period",
+                with(&|s| s.period = Some("10us".into())),
+                vec![],
+                Some("100us"),
+            ),
+            (
+                "bad period",
+                with(&|s| s.period = Some("soon".into())),
+                vec![],
+                Some("period"),
+            ),
+            (
+                "bad notify",
+                with(&|s| s.notify_every = Some("x".into())),
+                vec![],
+                Some("notify_every"),
+            ),
+            (
+                "stray field",
+                vec![sensor("s"), {
+                    let mut a = actuator("a");
+                    a.signal = Some("constant(1)".into());
+                    a
+                }],
+                vec![],
+                Some("`signal` does not apply"),
+            ),
+            (
+                "stray debounce",
+                with(&|s| s.debounce = Some("5ms".into())),
+                vec![],
+                Some("`debounce` does not apply"),
+            ),
+            (
+                "no input",
+                ok_devices.clone(),
+                vec!["x -> log"],
+                Some("no device named `x`"),
+            ),
+            (
+                "no actuator",
+                ok_devices.clone(),
+                vec!["s -> actuator(b)"],
+                Some("no device named `b`"),
+            ),
+            (
+                "to a sensor",
+                vec![sensor("s"), sensor("t")],
+                vec!["s -> actuator(t)"],
+                Some("not an actuator"),
+            ),
+            (
+                "bad filter",
+                ok_devices.clone(),
+                vec!["s | nosuch(1) -> log"],
+                Some("nosuch"),
+            ),
+            (
+                "bad syntax",
+                ok_devices.clone(),
+                vec!["s log"],
+                Some("`s log`"),
+            ),
+            (
+                "unregistered output",
+                ok_devices.clone(),
+                vec!["s -> mqtt(t/1)"],
+                Some("unknown output `mqtt`"),
+            ),
+        ];
+        for (what, list, links, want) in cases {
+            let devices = DevicesConfig { list, store: None };
+            let dp = DirectPathConfig {
+                priority: 0,
+                links: links.iter().map(|l| l.to_string()).collect(),
+                ..DirectPathConfig::default()
+            };
+            let checked = check_config(&devices, &dp, &[]);
+            let started = DeviceManager::start(&devices, &dp);
+            assert_eq!(
+                checked.is_ok(),
+                started.is_ok(),
+                "{what}: check {checked:?}, start {:?}",
+                started.as_ref().err()
+            );
+            match (want, checked) {
+                (None, Ok(())) => {}
+                (Some(w), Err(e)) => assert!(e.to_string().contains(w), "{what}: {e}"),
+                (w, c) => panic!("{what}: wanted {w:?}, got {c:?}"),
+            }
+        }
+        // a registered kind passes; the worker's priority is 0..=99
+        let devices = DevicesConfig {
+            list: ok_devices,
+            store: None,
+        };
+        let mut dp = DirectPathConfig {
+            priority: 0,
+            links: vec!["s -> mqtt(t/1)".into()],
+            ..DirectPathConfig::default()
+        };
+        assert!(check_config(&devices, &dp, &["mqtt"]).is_ok());
+        dp.links.clear();
+        dp.priority = 99;
+        assert!(check_config(&devices, &dp, &[]).is_ok());
+        dp.priority = 100;
+        let e = check_config(&devices, &dp, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("directpath.priority") && e.contains("0..=99"),
+            "{e}"
+        );
     }
 }

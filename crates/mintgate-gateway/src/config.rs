@@ -951,6 +951,53 @@ impl Config {
         }
         self.mqtt.validate(&self.devices.list)?;
         self.access.validate()?;
+        // devices and links, as the start would check them, short of
+        // opening a device (a missing file or GPIO chip shows at start);
+        // whether an mqtt output has its bridges running can depend on a
+        // flag given after the file was read: see `validate_to_start`
+        self.check_devices(&["mqtt"])?;
+        Ok(())
+    }
+
+    /// [`Config::validate`] for the configuration a start will use, flags
+    /// applied: also that the outputs its links name will exist (an
+    /// `mqtt(...)` output needs `mqtt.enabled`).
+    pub fn validate_to_start(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        let kinds: &[&str] = if self.mqtt.enabled { &["mqtt"] } else { &[] };
+        self.check_devices(kinds)
+    }
+
+    fn check_devices(&self, kinds: &[&str]) -> Result<(), ConfigError> {
+        mintgate_devices::manager::check_config(&self.devices, &self.directpath, kinds).map_err(
+            |e| match e {
+                mintgate_devices::DeviceError::Config { name, why }
+                    if name == "directpath.priority" =>
+                {
+                    ConfigError::Value {
+                        key: "directpath.priority",
+                        why,
+                    }
+                }
+                mintgate_devices::DeviceError::Config { name, why }
+                    if name == "directpath.links" =>
+                {
+                    let hint = if !self.mqtt.enabled && why.contains("output `mqtt`") {
+                        " (the mqtt output needs the MQTT bridges: mqtt.enabled = true or --mqtt)"
+                    } else {
+                        ""
+                    };
+                    ConfigError::Value {
+                        key: "directpath.links",
+                        why: format!("{why}{hint}"),
+                    }
+                }
+                e => ConfigError::Value {
+                    key: "devices.list",
+                    why: e.to_string(),
+                },
+            },
+        )?;
         Ok(())
     }
 
