@@ -107,7 +107,7 @@ pub struct SubscribeArgs {
     /// Print JSON lines: {"pub","topic","seq","ts","msg","skipped_before"}.
     #[arg(long)]
     json: bool,
-    /// Subscription QoS.
+    /// Subscription QoS: 0, 1 or 2.
     #[arg(long, default_value = "1", value_parser = parse_sub_qos)]
     qos: Qos,
     /// Client id (default: random).
@@ -343,6 +343,8 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let deadline = a.timeout.map(|d| t0 + d);
     let mut got = 0u64;
+    // failed connection attempts: the first at once, then one line per 10 s
+    let (mut failed, mut failed_said) = (0u64, None::<Instant>);
     let mut out = std::io::stdout().lock();
     let reached = |got: u64| a.count.is_some_and(|n| got >= n);
     while !reached(got) {
@@ -359,6 +361,22 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
             }
             Some(SubEvent::Disconnected(e)) => {
                 eprintln!("subscribe: disconnected ({e}); reconnecting")
+            }
+            Some(SubEvent::ConnectFailed(e)) => {
+                failed += 1;
+                if failed_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    failed_said = Some(Instant::now());
+                    eprintln!(
+                        "subscribe: NOT connected to {} ({e}); {failed} attempt(s) so far, \
+                         retrying every 2 s{}",
+                        a.broker,
+                        if deadline.is_none() {
+                            " (--timeout D gives up)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
             }
             Some(SubEvent::Undecodable(topic, len, why)) => {
                 eprintln!("subscribe: {len}-byte message on {topic:?} skipped: {why}")

@@ -336,3 +336,34 @@ fn broker_restart_mid_stream() {
     drop(broker);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A broker that is not there is said at once, not waited on in silence;
+/// `--timeout` then gives up with exit 1 (no mosquitto needed).
+#[test]
+fn subscribe_says_when_the_broker_is_not_there() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let p = mintgate(&[
+        "subscribe".into(),
+        "--broker".into(),
+        format!("mqtt://127.0.0.1:{port}"),
+        "--topic".into(),
+        "t".into(),
+        "--count".into(),
+        "1".into(),
+        "--timeout".into(),
+        "1500ms".into(),
+    ]);
+    let (code, _, err) = finish(p, Duration::from_secs(20));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("NOT connected to mqtt://127.0.0.1:{port}"))
+            && err.contains("refused"),
+        "{err}"
+    );
+    // said once, not once per retry
+    assert_eq!(err.matches("NOT connected").count(), 1, "{err}");
+}

@@ -59,6 +59,9 @@ pub enum SubEvent {
     Subscribed,
     /// Connection lost (it reconnects by itself).
     Disconnected(String),
+    /// A connection attempt failed before the broker accepted it (one per
+    /// attempt; it retries by itself, backing off to every 2 s).
+    ConnectFailed(String),
     /// A message, raw, before de-duplication and reordering (only with
     /// `report_arrivals`), and when the subscriber's thread decoded it (so
     /// that a reader polling now and then still knows when it came).
@@ -290,6 +293,8 @@ impl SubState<'_> {
         self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
         if std::mem::take(&mut self.connected) || !min_wait.is_zero() {
             self.out.push(SubEvent::Disconnected(e));
+        } else {
+            self.out.push(SubEvent::ConnectFailed(e));
         }
     }
 }
