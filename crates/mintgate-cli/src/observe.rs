@@ -25,8 +25,8 @@ use crate::client::{parse_uri, resolve};
 #[command(
     after_help = "Exit status: 0 when the count or duration is reached (or the server ended \
 the observation with 2.xx), 3 for a 4.xx answer, 4 for a 5.xx answer, 5 when the registration got \
-no answer, 6 when it was Reset, 7 when the server answered without Observe (not observable), \
-1 for other errors."
+no answer (or the port was unreachable), 6 when it was Reset, 7 when the server answered without \
+Observe (not observable), 1 for other errors."
 )]
 pub struct ObserveArgs {
     /// coap://host[:port]/path?query of an observable resource.
@@ -39,6 +39,11 @@ pub struct ObserveArgs {
     /// Stop after this long, e.g. 30s, 5m [default: until Ctrl-C].
     #[arg(long, value_name = "D", value_parser = parse_positive)]
     duration: Option<Duration>,
+    /// Give up when the registration is not answered within this long,
+    /// e.g. 5s [default: RFC 7252's retransmissions, about 62 s]. Once
+    /// answered, the observation runs until --count or --duration.
+    #[arg(long, value_name = "D", value_parser = parse_positive)]
+    timeout: Option<Duration>,
     /// Accept option: the Content-Format wanted (text, json, 50, ...).
     #[arg(long, value_name = "CF", value_parser = parse_cf)]
     accept: Option<ContentFormat>,
@@ -74,18 +79,35 @@ pub fn run(a: ObserveArgs) -> anyhow::Result<ExitCode> {
     let dest = resolve(&uri)?;
     let start = Instant::now();
     let end = a.duration.map(|d| start + d);
+    let reg_end = a.timeout.map(|d| start + d);
     let mut obs = Observation::register(dest, uri.options.clone(), a.accept)
         .with_context(|| format!("sending the registration to {dest}"))?;
     let mut count = 0u64;
     let mut out = io::stdout().lock();
     let status: u8 = loop {
         // without --duration, wake up now and then (nothing else to do)
-        let until = end.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let mut until = end.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        if let (Some(r), false) = (reg_end, obs.answered()) {
+            until = until.min(r);
+        }
         let note = match obs.next_event(until).context("receiving")? {
-            None if end.is_some() => break 0,
+            None if !obs.answered() && reg_end.is_some_and(|r| Instant::now() >= r) => {
+                eprintln!(
+                    "mintgate: no answer to the registration from {dest} within {:?}",
+                    a.timeout.unwrap_or_default()
+                );
+                return Ok(ExitCode::from(EXIT_TIMEOUT));
+            }
+            None if end.is_some_and(|e| Instant::now() >= e) => break 0,
             None => continue,
             Some(ObserveEvent::NoAnswer) => {
                 eprintln!("mintgate: no answer to the registration from {dest}");
+                return Ok(ExitCode::from(EXIT_TIMEOUT));
+            }
+            Some(ObserveEvent::Unreachable) => {
+                eprintln!(
+                    "mintgate: no response from {dest}: port unreachable (nothing listens there)"
+                );
                 return Ok(ExitCode::from(EXIT_TIMEOUT));
             }
             Some(ObserveEvent::Reset) => {

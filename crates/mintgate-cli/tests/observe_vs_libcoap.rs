@@ -256,3 +256,47 @@ fn mintgate_observe_against_libcoap_server() {
     }
     panic!("coap-server-notls did not come up");
 }
+
+/// Nothing listening is said at once (ICMP port unreachable), and
+/// `--timeout` bounds the wait for a server that never answers; both exit
+/// 5 (no peer needed).
+#[test]
+fn observe_fails_fast_when_nothing_answers() {
+    let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let t0 = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args(["observe", &format!("coap://127.0.0.1:{port}/x")])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(err.contains("port unreachable"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let t0 = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args([
+            "observe",
+            "--timeout",
+            "1s",
+            &format!("coap://127.0.0.1:{port}/x"),
+        ])
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(err.contains("no answer to the registration"), "{err}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    // the registration did reach the silent server
+    silent.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 256];
+    assert!(silent.recv(&mut buf).is_ok(), "no registration arrived");
+}

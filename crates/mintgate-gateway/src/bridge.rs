@@ -980,6 +980,10 @@ fn observe_loop(
                     tracing::warn!(uri = %text, "observing: registration reset; trying again in {backoff:?}");
                     break Some(backoff);
                 }
+                Some(ObserveEvent::Unreachable) => {
+                    tracing::warn!(uri = %text, "observing: port unreachable (nothing listens); trying again in {backoff:?}");
+                    break Some(backoff);
+                }
             }
         };
         if obs.answered() {

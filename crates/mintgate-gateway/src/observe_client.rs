@@ -73,6 +73,9 @@ pub enum ObserveEvent {
     NoAnswer,
     /// The server rejected the registration with a Reset.
     Reset,
+    /// An ICMP port unreachable came back before the registration was
+    /// answered: nothing listens at the destination.
+    Unreachable,
 }
 
 /// Most retransmissions of the registration (RFC 7252 MAX_RETRANSMIT).
@@ -93,6 +96,8 @@ pub struct Observation {
     tries: u32,
     acked: bool,
     answered: bool,
+    /// An ICMP port unreachable was reported on the socket.
+    refused: bool,
     last: Option<(u32, Instant)>,
     buf: Vec<u8>,
 }
@@ -174,6 +179,7 @@ impl Observation {
             tries: 0,
             acked: false,
             answered: false,
+            refused: false,
             last: None,
             buf: vec![0u8; 65536],
         };
@@ -194,7 +200,7 @@ impl Observation {
     fn transmit(&mut self) -> io::Result<()> {
         match self.sock.send(&self.reg) {
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => self.refused = true,
             Err(e) => return Err(e),
         }
         self.tries += 1;
@@ -225,8 +231,17 @@ impl Observation {
             }
             self.sock
                 .set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
+            if self.refused && !self.answered {
+                return Ok(Some(ObserveEvent::Unreachable));
+            }
             let n = match self.sock.recv(&mut self.buf) {
                 Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    // before an answer: nothing listens; after one, the
+                    // server went away and notifications simply stop
+                    self.refused = true;
+                    continue;
+                }
                 Err(e) if quiet(&e) => continue,
                 Err(e) => return Err(e),
             };
