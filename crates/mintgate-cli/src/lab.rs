@@ -218,7 +218,8 @@ struct CompareArgs {
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
     /// Client counts, comma-separated [clients: 1,10,100,500,1000,2000,3000,
-    /// 5000,7500,10000; blocksize: 1000..10000 by 1000].
+    /// 5000,7500,10000, quick: 100,1000,3000,6000; blocksize: 1000..10000
+    /// by 1000, quick: 1000,5000].
     #[arg(long, value_delimiter = ',')]
     clients: Option<Vec<usize>>,
     /// Runs per step [3; quick: 1].
@@ -261,7 +262,7 @@ struct ProxyLabArgs {
     /// Short settings: 100 requests per case instead of 1000, shorter benchmark.
     #[arg(long)]
     quick: bool,
-    /// Output folder for proxy.csv and proxy.svg.
+    /// Output folder for proxy.csv, proxy_shared.csv and proxy.svg.
     #[arg(long, default_value = "lab-out/")]
     out: PathBuf,
     /// Requests per case [1000; quick 100].
@@ -270,11 +271,12 @@ struct ProxyLabArgs {
     /// Seed of the impairments.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Internet leg: one-way delay, each way.
-    #[arg(long, default_value = "20ms", value_parser = parse_duration)]
+    /// Internet leg: one-way delay, each way: `20` (ms, as every link
+    /// delay flag), `20ms`, `500us`.
+    #[arg(long, default_value = "20ms", value_parser = crate::netem::parse_ms)]
     internet_delay: Duration,
-    /// Internet leg: uniform jitter around the delay.
-    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    /// Internet leg: uniform jitter around the delay: `2` (ms) or `2ms`.
+    #[arg(long, default_value = "2ms", value_parser = crate::netem::parse_ms)]
     internet_jitter: Duration,
     /// Internet leg: loss per packet, percent, each way.
     #[arg(long, default_value_t = 1.0)]
@@ -308,7 +310,8 @@ struct OutArgs {
     /// Short settings.
     #[arg(long)]
     quick: bool,
-    /// Output folder for the CSV and SVG files.
+    /// Output folder for the lab's CSV files (and its SVG plot, where it
+    /// draws one).
     #[arg(long, default_value = "lab-out/")]
     out: PathBuf,
 }
@@ -491,13 +494,19 @@ fn run_all(quick: bool, out: PathBuf) -> anyhow::Result<ExitCode> {
     );
     let path = report::write_report(&out, &results, &title)?;
     println!();
+    // Columns as wide as their longest entry, so no row runs into the next.
+    let name_w = results.iter().map(|r| r.name.len()).fold(3, usize::max);
+    let paper_w = results
+        .iter()
+        .map(|r| r.paper.chars().count())
+        .fold(10, usize::max);
     println!(
-        "{:<11} {:<36} {:<9} {:>8}",
+        "{:<name_w$} {:<paper_w$} {:<9} {:>8}",
         "lab", "reproduces", "result", "time"
     );
     for r in &results {
         println!(
-            "{:<11} {:<36} {:<9} {:>7.1}s",
+            "{:<name_w$} {:<paper_w$} {:<9} {:>7.1}s",
             r.name,
             r.paper,
             r.verdict(),

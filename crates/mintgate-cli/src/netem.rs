@@ -35,10 +35,10 @@ pub struct NetemArgs {
     /// Loss per direction, in percent: `10` or `10%`.
     #[arg(long, default_value = "0", value_parser = parse_pct)]
     loss: f64,
-    /// One-way delay per direction: `40` (ms) or `40ms`.
+    /// One-way delay per direction: `40` (ms), `40ms` or `250us`.
     #[arg(long, default_value = "0", value_parser = parse_ms)]
     delay: Duration,
-    /// Uniform jitter around the delay: `10` (ms) or `10ms`.
+    /// Uniform jitter around the delay: `10` (ms), `10ms` or `500us`.
     #[arg(long, default_value = "0", value_parser = parse_ms)]
     jitter: Duration,
     /// Mean length of loss bursts (Gilbert-Elliott); 1 = independent losses.
@@ -65,6 +65,8 @@ fn parse_pct(s: &str) -> Result<f64, String> {
     Ok(v / 100.0)
 }
 
+/// A link's one-way delay or jitter: a bare number is milliseconds (every
+/// link delay flag reads it so), anything else a duration with its unit.
 pub(crate) fn parse_ms(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.chars().all(|c| c.is_ascii_digit() || c == '.') {
