@@ -127,7 +127,8 @@ pub struct SubscribeArgs {
     /// for lower ones arriving just after it), for joining a running stream.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     first_seq: Option<u64>,
-    /// Exit (code 1 if --count is not reached) after this long.
+    /// Exit after this long: code 1 if --count is not reached or the
+    /// broker was never reached.
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
 }
@@ -345,6 +346,7 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
     let mut got = 0u64;
     // failed connection attempts: the first at once, then one line per 10 s
     let (mut failed, mut failed_said) = (0u64, None::<Instant>);
+    let mut subscribed = false;
     let mut out = std::io::stdout().lock();
     let reached = |got: u64| a.count.is_some_and(|n| got >= n);
     while !reached(got) {
@@ -357,6 +359,8 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
         };
         match sub.recv_timeout(wait) {
             Some(SubEvent::Subscribed) => {
+                subscribed = true;
+                (failed, failed_said) = (0, None);
                 eprintln!("subscribe: subscribed to {:?} at {}", a.topic, a.broker)
             }
             Some(SubEvent::Disconnected(e)) => {
@@ -415,7 +419,12 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
          skipped {}",
         got, s.received, s.duplicates, s.reordered, s.skipped
     );
-    Ok(if a.count.is_some() && !reached(got) {
+    if !subscribed {
+        eprintln!("subscribe: never subscribed at {}", a.broker);
+    }
+    // a broker never reached is a failure even without --count: a script
+    // must tell it from a quiet topic
+    Ok(if !subscribed || (a.count.is_some() && !reached(got)) {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

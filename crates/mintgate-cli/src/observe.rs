@@ -40,8 +40,9 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "D", value_parser = parse_positive)]
     duration: Option<Duration>,
     /// Give up when the registration is not answered within this long,
-    /// e.g. 5s [default: RFC 7252's retransmissions, about 62 s]. Once
-    /// answered, the observation runs until --count or --duration.
+    /// e.g. 5s. At most, and by default, RFC 7252's retransmissions: about
+    /// 62 s. Once answered, the observation runs until --count or
+    /// --duration.
     #[arg(long, value_name = "D", value_parser = parse_positive)]
     timeout: Option<Duration>,
     /// Accept option: the Content-Format wanted (text, json, 50, ...).
@@ -98,7 +99,16 @@ pub fn run(a: ObserveArgs) -> anyhow::Result<ExitCode> {
                 );
                 return Ok(ExitCode::from(EXIT_TIMEOUT));
             }
-            None if end.is_some_and(|e| Instant::now() >= e) => break 0,
+            None if end.is_some_and(|e| Instant::now() >= e) => {
+                if !obs.answered() {
+                    eprintln!(
+                        "mintgate: no answer to the registration from {dest} within --duration {:?}",
+                        a.duration.unwrap_or_default()
+                    );
+                    return Ok(ExitCode::from(EXIT_TIMEOUT));
+                }
+                break 0;
+            }
             None => continue,
             Some(ObserveEvent::NoAnswer) => {
                 eprintln!("mintgate: no answer to the registration from {dest}");

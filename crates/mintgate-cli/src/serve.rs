@@ -149,7 +149,8 @@ fn plain_addrs(gw: &Gateway) -> Vec<SocketAddr> {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = match &a.config {
-        Some(p) => Config::load(p)?,
+        // checked below, once the flags and the key variable are applied
+        Some(p) => Config::read(p)?,
         None => Config::default(),
     };
     if !a.coap.is_empty() {

@@ -269,7 +269,16 @@ fn print_config_checks_every_section() {
             Some("100us"),
         ),
         (
+            "[mqtt]\nenabled = true\n[directpath]\nlinks = [\"temp0 -> mqtt(a/+)\"]\n",
+            Some("mqtt(a/+)"),
+        ),
+        (
             "[directpath]\npriority = 99\nlinks = [\"temp0 | threshold(25, 23) -> actuator(led0)\"]\n",
+            None,
+        ),
+        // an identity in the file takes its key from MINTGATE_PSK_KEY
+        (
+            "[coaps]\nbind = [\"127.0.0.1:0\"]\npsk_identity = \"gw\"\n",
             None,
         ),
     ];
@@ -280,6 +289,7 @@ fn print_config_checks_every_section() {
             .args(["serve", "--config"])
             .arg(&f)
             .arg("--print-config")
+            .env("MINTGATE_PSK_KEY", "from-the-environment")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -291,5 +301,18 @@ fn print_config_checks_every_section() {
             None => assert!(out.status.success(), "{text}: {err}"),
         }
     }
+    // without the variable, the same identity is an error that names it
+    let f = dir.join("psk.toml");
+    std::fs::write(&f, cases[cases.len() - 1].0).unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&f)
+        .arg("--print-config")
+        .env_remove("MINTGATE_PSK_KEY")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("MINTGATE_PSK_KEY"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -366,4 +366,17 @@ fn subscribe_says_when_the_broker_is_not_there() {
     );
     // said once, not once per retry
     assert_eq!(err.matches("NOT connected").count(), 1, "{err}");
+    // without --count too: a broker never reached is no success
+    let p = mintgate(&[
+        "subscribe".into(),
+        "--broker".into(),
+        format!("mqtt://127.0.0.1:{port}"),
+        "--topic".into(),
+        "t".into(),
+        "--timeout".into(),
+        "500ms".into(),
+    ]);
+    let (code, _, err) = finish(p, Duration::from_secs(20));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("never subscribed"), "{err}");
 }

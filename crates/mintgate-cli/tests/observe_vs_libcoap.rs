@@ -299,4 +299,17 @@ fn observe_fails_fast_when_nothing_answers() {
     silent.set_nonblocking(true).unwrap();
     let mut buf = [0u8; 256];
     assert!(silent.recv(&mut buf).is_ok(), "no registration arrived");
+    // a --duration that ends before any answer is no success either
+    let o = Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args([
+            "observe",
+            "--duration",
+            "1s",
+            &format!("coap://127.0.0.1:{port}/x"),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(err.contains("no answer to the registration"), "{err}");
 }

@@ -255,18 +255,14 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
 
 /// Checks a whole `[devices]` and `[directpath]` configuration without
 /// starting anything: every declaration ([`check_spec`]), names unique, the
-/// worker's priority, and every link (syntax, filters, its devices exist,
-/// outputs to actuators are actuators). `output_kinds` are the custom
-/// output kinds that will be registered (`mqtt` when the bridges run).
-pub fn check_config(
-    devices: &DevicesConfig,
-    dp: &DirectPathConfig,
-    output_kinds: &[&str],
-) -> Result<(), DeviceError> {
-    let mut kinds: HashMap<&str, DeviceKind> = HashMap::new();
+/// worker's priority, and every link's syntax and filters. Whether a link's
+/// devices and outputs exist is [`check_links`]'s question: a program may
+/// add devices and register output kinds before it adds the links.
+pub fn check_config(devices: &DevicesConfig, dp: &DirectPathConfig) -> Result<(), DeviceError> {
+    let mut names = std::collections::HashSet::new();
     for spec in &devices.list {
         check_spec(spec)?;
-        if kinds.insert(&spec.name, spec.kind).is_some() {
+        if !names.insert(spec.name.as_str()) {
             return Err(DeviceError::Exists(spec.name.clone()));
         }
     }
@@ -277,19 +273,51 @@ pub fn check_config(
         });
     }
     for l in &dp.links {
-        let err = |why: String| DeviceError::Config {
-            name: "directpath.links".into(),
-            why: format!("`{l}`: {why}"),
-        };
-        let spec: LinkSpec = l.parse().map_err(err)?;
-        for f in &spec.filters {
-            Filter::spec(f.clone()).map_err(err)?;
-        }
+        parse_link(l)?;
+    }
+    Ok(())
+}
+
+/// Parses a configured link and builds its filters' specs.
+fn parse_link(l: &str) -> Result<LinkSpec, DeviceError> {
+    let spec: LinkSpec = l.parse().map_err(|why| link_err(l, why))?;
+    for f in &spec.filters {
+        Filter::spec(f.clone()).map_err(|why| link_err(l, why))?;
+    }
+    if spec.outputs.is_empty() {
+        return Err(link_err(l, "a link needs at least one output".into()));
+    }
+    Ok(spec)
+}
+
+fn link_err(l: &str, why: String) -> DeviceError {
+    DeviceError::Config {
+        name: "directpath.links".into(),
+        why: format!("`{l}`: {why}"),
+    }
+}
+
+/// Checks that the configured links resolve when the configured devices
+/// are all there is: each link's devices exist, actuator outputs are
+/// actuators, and custom outputs are among `output_kinds` (the kinds that
+/// will be registered, e.g. `mqtt` when the bridges run). Returns the
+/// custom outputs as (kind, argument) for the caller to check further.
+pub fn check_links(
+    devices: &DevicesConfig,
+    dp: &DirectPathConfig,
+    output_kinds: &[&str],
+) -> Result<Vec<(String, String)>, DeviceError> {
+    let kinds: HashMap<&str, DeviceKind> = devices
+        .list
+        .iter()
+        .map(|s| (s.name.as_str(), s.kind))
+        .collect();
+    let mut custom = Vec::new();
+    for l in &dp.links {
+        let spec = parse_link(l)?;
+        let err = |why: String| link_err(l, why);
         if !kinds.contains_key(spec.input.as_str()) {
             return Err(err(format!("no device named `{}`", spec.input)));
-        }
-        if spec.outputs.is_empty() {
-            return Err(err("a link needs at least one output".into()));
         }
         for o in &spec.outputs {
             match o {
@@ -303,18 +331,21 @@ pub fn check_config(
                 OutputSpec::Notify(n) if !kinds.contains_key(n.as_str()) => {
                     return Err(err(format!("no device named `{n}`")))
                 }
-                OutputSpec::Custom { kind, .. } if !output_kinds.contains(&kind.as_str()) => {
-                    return Err(err(format!(
-                        "unknown output `{kind}` (known here: actuator, notify, log{}{})",
-                        if output_kinds.is_empty() { "" } else { ", " },
-                        output_kinds.join(", ")
-                    )))
+                OutputSpec::Custom { kind, arg } => {
+                    if !output_kinds.contains(&kind.as_str()) {
+                        return Err(err(format!(
+                            "unknown output `{kind}` (known here: actuator, notify, log{}{})",
+                            if output_kinds.is_empty() { "" } else { ", " },
+                            output_kinds.join(", ")
+                        )));
+                    }
+                    custom.push((kind.clone(), arg.clone()));
                 }
                 _ => {}
             }
         }
     }
-    Ok(())
+    Ok(custom)
 }
 
 /// The finder: builds the driver a declaration asks for, checking it first
@@ -1019,7 +1050,8 @@ mod tests {
                 links: links.iter().map(|l| l.to_string()).collect(),
                 ..DirectPathConfig::default()
             };
-            let checked = check_config(&devices, &dp, &[]);
+            let checked = check_config(&devices, &dp)
+                .and_then(|_| check_links(&devices, &dp, &[]).map(|_| ()));
             let started = DeviceManager::start(&devices, &dp);
             assert_eq!(
                 checked.is_ok(),
@@ -1043,15 +1075,27 @@ mod tests {
             links: vec!["s -> mqtt(t/1)".into()],
             ..DirectPathConfig::default()
         };
-        assert!(check_config(&devices, &dp, &["mqtt"]).is_ok());
+        assert_eq!(
+            check_links(&devices, &dp, &["mqtt"]).unwrap(),
+            [("mqtt".to_string(), "t/1".to_string())]
+        );
+        // links are checked for syntax alone when devices may come later
+        dp.links = vec!["later -> actuator(too), plugin(x)".into()];
+        assert!(check_config(&devices, &dp).is_ok());
+        assert!(check_links(&devices, &dp, &[]).is_err());
         dp.links.clear();
         dp.priority = 99;
-        assert!(check_config(&devices, &dp, &[]).is_ok());
+        assert!(check_config(&devices, &dp).is_ok());
+        assert!(DeviceManager::start(&devices, &dp).is_ok());
         dp.priority = 100;
-        let e = check_config(&devices, &dp, &[]).unwrap_err().to_string();
+        let e = check_config(&devices, &dp).unwrap_err().to_string();
         assert!(
             e.contains("directpath.priority") && e.contains("0..=99"),
             "{e}"
+        );
+        assert!(
+            DeviceManager::start(&devices, &dp).is_err(),
+            "the start agrees"
         );
     }
 }

@@ -798,16 +798,24 @@ impl Default for BufferConfig {
 impl Config {
     /// Reads and checks a TOML file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let cfg = Config::read(path)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads a TOML file (unknown keys and wrong types are errors) without
+    /// checking values: for a caller that completes it first (command-line
+    /// flags, a key from the environment) and then calls
+    /// [`Config::validate`].
+    pub fn read(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        let cfg: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.display().to_string(),
             source,
-        })?;
-        cfg.validate()?;
-        Ok(cfg)
+        })
     }
 
     /// Parses TOML text (for tests and embedded configs).
@@ -955,50 +963,57 @@ impl Config {
         // opening a device (a missing file or GPIO chip shows at start);
         // whether an mqtt output has its bridges running can depend on a
         // flag given after the file was read: see `validate_to_start`
-        self.check_devices(&["mqtt"])?;
+        mintgate_devices::manager::check_config(&self.devices, &self.directpath)
+            .map_err(|e| self.device_error(e))?;
         Ok(())
     }
 
-    /// [`Config::validate`] for the configuration a start will use, flags
-    /// applied: also that the outputs its links name will exist (an
-    /// `mqtt(...)` output needs `mqtt.enabled`).
+    /// [`Config::validate`] for a configuration that is all a start will
+    /// have (`mintgate serve`, flags applied): also that every link's
+    /// devices exist and its outputs will (an `mqtt(TOPIC)` output needs
+    /// `mqtt.enabled` and a topic a publish may use). A program that adds
+    /// devices or output kinds of its own checks with `validate` alone.
     pub fn validate_to_start(&self) -> Result<(), ConfigError> {
         self.validate()?;
         let kinds: &[&str] = if self.mqtt.enabled { &["mqtt"] } else { &[] };
-        self.check_devices(kinds)
+        let custom = mintgate_devices::manager::check_links(&self.devices, &self.directpath, kinds)
+            .map_err(|e| self.device_error(e))?;
+        for (_, topic) in custom.iter().filter(|(k, _)| k == "mqtt") {
+            mintgate_mqtt::conn::check_topic(topic.trim()).map_err(|e| ConfigError::Value {
+                key: "directpath.links",
+                why: format!("mqtt({topic}): {e}"),
+            })?;
+        }
+        Ok(())
     }
 
-    fn check_devices(&self, kinds: &[&str]) -> Result<(), ConfigError> {
-        mintgate_devices::manager::check_config(&self.devices, &self.directpath, kinds).map_err(
-            |e| match e {
-                mintgate_devices::DeviceError::Config { name, why }
-                    if name == "directpath.priority" =>
-                {
-                    ConfigError::Value {
-                        key: "directpath.priority",
-                        why,
-                    }
+    /// A device check's error under the key it is about.
+    fn device_error(&self, e: mintgate_devices::DeviceError) -> ConfigError {
+        match e {
+            mintgate_devices::DeviceError::Config { name, why }
+                if name == "directpath.priority" =>
+            {
+                ConfigError::Value {
+                    key: "directpath.priority",
+                    why,
                 }
-                mintgate_devices::DeviceError::Config { name, why }
-                    if name == "directpath.links" =>
-                {
-                    let hint = if !self.mqtt.enabled && why.contains("output `mqtt`") {
-                        " (the mqtt output needs the MQTT bridges: mqtt.enabled = true or --mqtt)"
-                    } else {
-                        ""
-                    };
-                    ConfigError::Value {
-                        key: "directpath.links",
-                        why: format!("{why}{hint}"),
-                    }
+            }
+            mintgate_devices::DeviceError::Config { name, why } if name == "directpath.links" => {
+                let hint = if !self.mqtt.enabled && why.contains("output `mqtt`") {
+                    " (the mqtt output needs the MQTT bridges: mqtt.enabled = true or --mqtt)"
+                } else {
+                    ""
+                };
+                ConfigError::Value {
+                    key: "directpath.links",
+                    why: format!("{why}{hint}"),
                 }
-                e => ConfigError::Value {
-                    key: "devices.list",
-                    why: e.to_string(),
-                },
+            }
+            e => ConfigError::Value {
+                key: "devices.list",
+                why: e.to_string(),
             },
-        )?;
-        Ok(())
+        }
     }
 
     /// The Observe registry's settings.

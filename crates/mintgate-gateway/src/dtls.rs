@@ -89,7 +89,9 @@ impl CoapsSection {
             (Some(_), None) => {
                 return Err(v(
                     "coaps.psk_key",
-                    "psk_identity is set but psk_key is not".into(),
+                    "psk_identity is set but psk_key is not (mintgate serve also takes it \
+                     from the MINTGATE_PSK_KEY variable)"
+                        .into(),
                 ))
             }
             (None, Some(_)) => {

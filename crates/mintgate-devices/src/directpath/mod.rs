@@ -339,6 +339,12 @@ impl DirectPath {
     /// Starts the worker with `cfg` (its `links` are not read here: links
     /// name devices, so the device manager resolves them).
     pub fn start(cfg: &DirectPathConfig) -> std::io::Result<DirectPath> {
+        if cfg.priority > 99 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("directpath.priority {} is outside 0..=99", cfg.priority),
+            ));
+        }
         let sh = Arc::new(Shared {
             ring: ArrayQueue::new(cfg.ring_capacity.max(2)),
             sleeping: AtomicBool::new(false),
