@@ -179,10 +179,10 @@ impl DtlsArgs {
         let psk = match &self.psk_identity {
             Some(id) => {
                 let k = crate::psk_key_or_env(self.psk_key.as_deref()).ok_or_else(|| {
-                    anyhow::anyhow!(
+                    crate::UsageError(format!(
                         "--psk-identity needs a key: --psk-key KEY or the {} variable",
                         crate::PSK_KEY_VAR
-                    )
+                    ))
                 })?;
                 Some(
                     mintgate_dtls::parse_key(&k)

@@ -75,6 +75,20 @@ enum Cmd {
     Http(http::HttpArgs),
 }
 
+/// A mistake in how a command was called that only shows once its
+/// arguments are combined with the environment: exits with 2, as clap's own
+/// usage errors do.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
 /// The variable a coaps pre-shared key can come from, so that it does not
 /// show in `ps`.
 pub(crate) const PSK_KEY_VAR: &str = "MINTGATE_PSK_KEY";
@@ -143,7 +157,11 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("mintgate: error: {e:#}");
-            ExitCode::from(1)
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }

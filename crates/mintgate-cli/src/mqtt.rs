@@ -344,9 +344,14 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let deadline = a.timeout.map(|d| t0 + d);
     let mut got = 0u64;
-    // failed connection attempts: the first at once, then one line per 10 s
-    let (mut failed, mut failed_said) = (0u64, None::<Instant>);
+    // Failed connection attempts: said once they have gone on for a second
+    // (a broker started beside us is usually up by then), then once per
+    // 10 s.
+    let (mut failed, mut failing_since, mut failed_said) = (0u64, None::<Instant>, None::<Instant>);
+    // The broker was reached: a SUBACK, or a message (a persistent session's
+    // queued messages can come before the SUBACK and fill --count).
     let mut subscribed = false;
+    let mut last_failure = None::<String>;
     let mut out = std::io::stdout().lock();
     let reached = |got: u64| a.count.is_some_and(|n| got >= n);
     while !reached(got) {
@@ -360,7 +365,7 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
         match sub.recv_timeout(wait) {
             Some(SubEvent::Subscribed) => {
                 subscribed = true;
-                (failed, failed_said) = (0, None);
+                (failed, failing_since, failed_said) = (0, None, None);
                 eprintln!("subscribe: subscribed to {:?} at {}", a.topic, a.broker)
             }
             Some(SubEvent::Disconnected(e)) => {
@@ -368,11 +373,15 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
             }
             Some(SubEvent::ConnectFailed(e)) => {
                 failed += 1;
-                if failed_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                last_failure = Some(e.clone());
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_secs(1)
+                    && failed_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+                {
                     failed_said = Some(Instant::now());
                     eprintln!(
                         "subscribe: NOT connected to {} ({e}); {failed} attempt(s) so far, \
-                         retrying every 2 s{}",
+                         retrying at most 2 s apart{}",
                         a.broker,
                         if deadline.is_none() {
                             " (--timeout D gives up)"
@@ -383,9 +392,11 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
                 }
             }
             Some(SubEvent::Undecodable(topic, len, why)) => {
+                subscribed = true;
                 eprintln!("subscribe: {len}-byte message on {topic:?} skipped: {why}")
             }
             Some(SubEvent::Delivery(d)) => {
+                subscribed = true;
                 got += 1;
                 if d.skipped_before > 0 {
                     eprintln!(
@@ -420,7 +431,13 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
         got, s.received, s.duplicates, s.reordered, s.skipped
     );
     if !subscribed {
-        eprintln!("subscribe: never subscribed at {}", a.broker);
+        match &last_failure {
+            Some(e) => eprintln!(
+                "subscribe: never subscribed at {}: NOT connected ({e}; {failed} attempt(s))",
+                a.broker
+            ),
+            None => eprintln!("subscribe: never subscribed at {}", a.broker),
+        }
     }
     // a broker never reached is a failure even without --count: a script
     // must tell it from a quiet topic

@@ -266,7 +266,16 @@ pub fn render_proxy_metrics(state: &serde_json::Value, out: &mut String) {
 /// Runs `mintgate proxy` until SIGINT or SIGTERM.
 pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
     let cfg = match &a.config {
-        Some(p) => Config::load(p)?,
+        // a gateway's file: its [coaps] identity may take its key from the
+        // variable, as `serve` does, before the whole file is checked
+        Some(p) => {
+            let mut cfg = Config::read(p)?;
+            if cfg.coaps.psk_identity.is_some() && cfg.coaps.psk_key.is_none() {
+                cfg.coaps.psk_key = crate::psk_key_or_env(None);
+            }
+            cfg.validate()?;
+            cfg
+        }
         None => Config::default(),
     };
     let mut s = cfg.proxy.clone();

@@ -155,7 +155,7 @@ fn an_exported_psk_key_serves_identities_and_leaves_plain_coap_alone() {
     assert_eq!(text(&secure).0.trim(), "hello world");
     // an identity with no key anywhere is a clear error naming both ways
     let keyless = mintgate_with_key(&["get", "--psk-identity", ID, &uri], None);
-    assert!(!keyless.status.success());
+    assert_eq!(keyless.status.code(), Some(2), "{:?}", text(&keyless));
     let (_, e) = text(&keyless);
     assert!(
         e.contains("--psk-key") && e.contains("MINTGATE_PSK_KEY"),
@@ -386,4 +386,23 @@ fn lab_dtls_measures_both_transports_briefly() {
         assert!(rows[i + 1].starts_with(want), "row {}: {csv}", i + 1);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `mintgate proxy --config` reads a gateway's file as `serve` does: a
+/// `[coaps]` identity whose key is in MINTGATE_PSK_KEY is no error.
+#[test]
+fn proxy_reads_a_gateway_file_whose_psk_key_is_in_the_variable() {
+    let f = std::env::temp_dir().join(format!("mintgate-proxy-psk-{}.toml", std::process::id()));
+    std::fs::write(&f, format!("[coaps]\npsk_identity = \"{ID}\"\n")).unwrap();
+    let path = f.to_str().unwrap();
+    let with = mintgate_with_key(&["proxy", "--config", path, "--print-config"], Some(KEY));
+    assert!(with.status.success(), "{:?}", text(&with));
+    let without = mintgate_with_key(&["proxy", "--config", path, "--print-config"], None);
+    assert!(!without.status.success(), "{:?}", text(&without));
+    assert!(
+        text(&without).1.contains("MINTGATE_PSK_KEY"),
+        "{:?}",
+        text(&without)
+    );
+    let _ = std::fs::remove_file(&f);
 }
