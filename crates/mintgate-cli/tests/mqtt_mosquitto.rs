@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mintgate_mqtt::broker::{find_mosquitto, Mosquitto};
+
+mod common;
 use mintgate_mqtt::reorder::ReorderConfig;
 use mintgate_mqtt::{SubEvent, Subscriber, SubscriberConfig};
 
@@ -341,11 +343,7 @@ fn broker_restart_mid_stream() {
 /// `--timeout` then gives up with exit 1 (no mosquitto needed).
 #[test]
 fn subscribe_says_when_the_broker_is_not_there() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::closed_port(true);
     let p = mintgate(&[
         "subscribe".into(),
         "--broker".into(),

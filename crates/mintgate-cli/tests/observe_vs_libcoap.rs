@@ -9,6 +9,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 struct Proc {
     child: Child,
     port: u16,
@@ -262,9 +264,7 @@ fn mintgate_observe_against_libcoap_server() {
 /// 5 (no peer needed).
 #[test]
 fn observe_fails_fast_when_nothing_answers() {
-    let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let port = common::closed_port(false);
     let t0 = Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_mintgate"))
         .args(["observe", &format!("coap://127.0.0.1:{port}/x")])

@@ -26,6 +26,29 @@ pub fn free_tcp() -> u16 {
         .port()
 }
 
+/// A loopback port where nothing listens (UDP or TCP), chosen below the
+/// kernel's ephemeral range: a test that binds port 0 elsewhere in the
+/// suite, running at the same time, cannot be handed it.
+pub fn closed_port(tcp: bool) -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // spread over the range below it, away from the well-known ports
+    let span = low.saturating_sub(20_000).max(1);
+    let start = 20_000 + (std::process::id() as u16 % span);
+    (0..span)
+        .map(|i| 20_000 + (start - 20_000 + i) % span)
+        .find(|&p| {
+            if tcp {
+                TcpListener::bind(("127.0.0.1", p)).is_ok()
+            } else {
+                UdpSocket::bind(("127.0.0.1", p)).is_ok()
+            }
+        })
+        .expect("a free port below the ephemeral range")
+}
+
 /// A fresh, empty folder under the temporary directory.
 pub fn tmp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("mintgate-{tag}-{}", std::process::id()));
