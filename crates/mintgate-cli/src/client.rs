@@ -141,7 +141,7 @@ pub struct RequestArgs {
     #[arg(long)]
     cache: bool,
     /// Send the request this many times (each as above; the exit status is
-    /// the last one's).
+    /// the last one's). Each answer's payload then ends a line.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     count: u32,
     /// Time between repeated requests, e.g. 500ms, 2s [default: none, each
@@ -425,7 +425,12 @@ fn one(
             eprintln!("{code}");
         }
         stdout.write_all(payload).context("writing to stdout")?;
-        if !payload.is_empty() && !payload.ends_with(b"\n") && stdout.is_terminal() {
+        // byte for byte into a pipe or file, unless --count puts several
+        // answers there: then each ends a line
+        if !payload.is_empty()
+            && !payload.ends_with(b"\n")
+            && (stdout.is_terminal() || args.count > 1)
+        {
             stdout.write_all(b"\n").context("writing to stdout")?;
         }
     }

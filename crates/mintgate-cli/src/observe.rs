@@ -26,7 +26,8 @@ use crate::client::{parse_uri, resolve};
     after_help = "Exit status: 0 when the count or duration is reached (or the server ended \
 the observation with 2.xx), 3 for a 4.xx answer, 4 for a 5.xx answer, 5 when the registration got \
 no answer (or the port was unreachable), 6 when it was Reset, 7 when the server answered without \
-Observe (not observable), 1 for other errors."
+Observe (not observable), 1 for other errors. Ctrl-C (SIGINT) or SIGTERM ends it like --count: \
+it deregisters and exits 0, or 130 / 143 if the registration was not answered yet."
 )]
 pub struct ObserveArgs {
     /// coap://host[:port]/path?query of an observable resource.
@@ -34,7 +35,7 @@ pub struct ObserveArgs {
     uri: String,
     /// Stop after this many representations (the registration's answer
     /// counts as the first).
-    #[arg(long, short = 'n', value_name = "N")]
+    #[arg(long, short = 'n', value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
     /// Stop after this long, e.g. 30s, 5m [default: until Ctrl-C].
     #[arg(long, value_name = "D", value_parser = parse_positive)]
@@ -68,6 +69,9 @@ fn parse_cf(s: &str) -> Result<ContentFormat, String> {
     ContentFormat::parse(s).ok_or_else(|| format!("unknown Content-Format '{s}'"))
 }
 
+/// How long `observe` waits for an event before it looks for a signal.
+const SIGNAL_POLL: Duration = Duration::from_millis(200);
+
 const EXIT_CLIENT_ERROR: u8 = 3;
 const EXIT_SERVER_ERROR: u8 = 4;
 const EXIT_TIMEOUT: u8 = 5;
@@ -81,13 +85,24 @@ pub fn run(a: ObserveArgs) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let end = a.duration.map(|d| start + d);
     let reg_end = a.timeout.map(|d| start + d);
+    // Ctrl-C (SIGINT) and SIGTERM end the observation like --count does,
+    // deregistering first; they are taken between events.
+    let signals = crate::serve::block_signals();
     let mut obs = Observation::register(dest, uri.options.clone(), a.accept)
         .with_context(|| format!("sending the registration to {dest}"))?;
     let mut count = 0u64;
     let mut out = io::stdout().lock();
     let status: u8 = loop {
-        // without --duration, wake up now and then (nothing else to do)
-        let mut until = end.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        if let Some(sig) = crate::serve::take_signal(&signals) {
+            // the normal end without --count or --duration; before any
+            // answer, an interruption
+            break if obs.answered() { 0 } else { 128 + sig as u8 };
+        }
+        // wake up often enough to see a signal
+        let mut until = Instant::now() + SIGNAL_POLL;
+        if let Some(e) = end {
+            until = until.min(e);
+        }
         if let (Some(r), false) = (reg_end, obs.answered()) {
             until = until.min(r);
         }

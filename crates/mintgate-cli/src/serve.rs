@@ -119,6 +119,18 @@ pub(crate) fn block_signals() -> libc::sigset_t {
     }
 }
 
+/// A signal of `set` that is pending now, taken; `None` if there is none
+/// (does not wait).
+pub(crate) fn take_signal(set: &libc::sigset_t) -> Option<i32> {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: set and ts are valid; info may be null.
+    let r = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
+    (r > 0).then_some(r)
+}
+
 pub(crate) fn wait_for_signal(
     set: &libc::sigset_t,
     every: Duration,

@@ -313,3 +313,72 @@ fn observe_fails_fast_when_nothing_answers() {
     assert_eq!(o.status.code(), Some(5), "{err}");
     assert!(err.contains("no answer to the registration"), "{err}");
 }
+
+/// Ctrl-C (SIGINT) ends `mintgate observe` like --count: it deregisters
+/// (a GET with Observe: 1 reaches the server) and exits 0. The server is a
+/// bare socket of the test's, so the deregistration is seen on the wire.
+#[test]
+fn observe_deregisters_on_ctrl_c() {
+    use mintgate_coap::wire::{Code, OptionNumber, Packet};
+    use std::io::{BufRead, BufReader};
+
+    let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    server
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args(["observe", &format!("coap://127.0.0.1:{port}/s")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    // the registration: answer it with a notification (ACK 2.05, Observe 5)
+    let (n, from) = server.recv_from(&mut buf).expect("no registration");
+    let reg = Packet::new_checked(&buf[..n]).unwrap();
+    assert_eq!(reg.code(), Code::GET);
+    assert_eq!(
+        reg.option(OptionNumber::OBSERVE).and_then(|o| o.uint()),
+        Some(0)
+    );
+    let token = reg.token().to_vec();
+    let mid = reg.message_id();
+    let mut ack = vec![0x60 | token.len() as u8, 0x45, (mid >> 8) as u8, mid as u8];
+    ack.extend_from_slice(&token);
+    ack.extend_from_slice(&[0x61, 0x05, 0xFF]);
+    ack.extend_from_slice(b"21.5");
+    server.send_to(&ack, from).unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "21.5");
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    // the deregistration: a GET with Observe: 1 and the same token
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut deregistered = false;
+    while Instant::now() < end && !deregistered {
+        let Ok((n, from)) = server.recv_from(&mut buf) else {
+            break;
+        };
+        let p = Packet::new_checked(&buf[..n]).unwrap();
+        if p.code() == Code::GET
+            && p.token() == token.as_slice()
+            && p.option(OptionNumber::OBSERVE).and_then(|o| o.uint()) == Some(1)
+        {
+            deregistered = true;
+            // answer it, so that the client need not retransmit
+            let mid = p.message_id();
+            let mut a = vec![0x60 | token.len() as u8, 0x45, (mid >> 8) as u8, mid as u8];
+            a.extend_from_slice(&token);
+            let _ = server.send_to(&a, from);
+        }
+    }
+    let st = child.wait().unwrap();
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err);
+    assert!(deregistered, "no deregistration after SIGINT; {err}");
+    assert_eq!(st.code(), Some(0), "{err}");
+}
