@@ -35,6 +35,9 @@ impl DeviceKind {
     }
 }
 
+/// A `sim-sensor`'s sampling period when it sets none.
+pub const SIM_DEFAULT_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn default_history() -> usize {
     256
 }
@@ -103,6 +106,28 @@ impl DeviceSpec {
             })
     }
 
+    /// How long a value read now stays fresh, in whole seconds: what CoAP
+    /// answers carry as Max-Age (RFC 7252 5.10.5), so that a cache or proxy
+    /// does not serve it for the default 60 s. A sampled or polled sensor:
+    /// its period, rounded up; anything whose value can change at any
+    /// moment (a sensor read on demand, a GPIO input, an actuator, which
+    /// the direct path may write): 0. A period that does not parse counts
+    /// as none (the start refuses it anyway).
+    pub fn max_age_s(&self) -> u32 {
+        let period = match (self.kind, self.period.as_deref()) {
+            (DeviceKind::SimSensor, None) => Some(Ok(SIM_DEFAULT_PERIOD)),
+            (DeviceKind::SimSensor | DeviceKind::AttrSensor, p) => p.map(crate::parse::duration),
+            _ => None,
+        };
+        match period {
+            Some(Ok(p)) => {
+                let s = p.as_secs() + u64::from(p.subsec_nanos() > 0);
+                u32::try_from(s.max(1)).unwrap_or(u32::MAX)
+            }
+            _ => 0,
+        }
+    }
+
     /// A declaration with only name and kind set.
     pub fn new(name: &str, kind: DeviceKind) -> DeviceSpec {
         DeviceSpec {
@@ -159,6 +184,25 @@ impl Default for DevicesConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_age_is_a_sampled_sensors_period_rounded_up_else_0() {
+        let with = |kind, period: Option<&str>| {
+            let mut d = DeviceSpec::new("d", kind);
+            d.period = period.map(str::to_owned);
+            d.max_age_s()
+        };
+        assert_eq!(with(DeviceKind::SimSensor, Some("1s")), 1);
+        assert_eq!(with(DeviceKind::SimSensor, None), 1);
+        assert_eq!(with(DeviceKind::SimSensor, Some("100ms")), 1);
+        assert_eq!(with(DeviceKind::SimSensor, Some("2500ms")), 3);
+        assert_eq!(with(DeviceKind::AttrSensor, Some("5m")), 300);
+        // read on demand, event-driven, written at any moment
+        assert_eq!(with(DeviceKind::AttrSensor, None), 0);
+        assert_eq!(with(DeviceKind::GpioIn, None), 0);
+        assert_eq!(with(DeviceKind::SimActuator, None), 0);
+        assert_eq!(with(DeviceKind::SimSensor, Some("soon")), 0);
+    }
 
     #[test]
     fn reads_toml_and_rejects_unknown_keys() {

@@ -377,7 +377,7 @@ pub fn build_driver(spec: &DeviceSpec) -> Result<Arc<dyn Driver>, DeviceError> {
                 .ok_or_else(|| cfg_err(spec, "needs `signal`, e.g. \"sine(22, 3, 60s)\""))?
                 .parse()
                 .map_err(|e: String| cfg_err(spec, format!("signal: {e}")))?;
-            let p = period(spec)?.unwrap_or(Duration::from_secs(1));
+            let p = period(spec)?.unwrap_or(crate::config::SIM_DEFAULT_PERIOD);
             Arc::new(SimSensor::new(
                 signal,
                 p,

@@ -8,6 +8,10 @@
 //! | `/sensors/NAME/history`, `/actuators/NAME/history` | GET | the bounded history as CSV `unix_ms,value`, block-wise (Block2) when large |
 //! | `/links` | GET, POST, DELETE | the direct path's links, one `ID: LINK` per line; POST a link (`temp0 \| threshold(25, 23) -> actuator(led0)`) to add it (2.01, payload the id); DELETE `?id=N` to remove one |
 //!
+//! A value carries Max-Age: a sampled sensor's period (rounded up to whole
+//! seconds), 0 for what can change at any moment
+//! ([`mintgate_devices::DeviceSpec::max_age_s`]).
+//!
 //! Observers of a device's resource are notified whenever the device
 //! records a value different from the last one notified (a sensor's
 //! sample, an edge, an actuator write from CoAP or from the direct path),
@@ -100,6 +104,7 @@ fn write_value(dev: &Device, req: &Request<'_>, rb: &mut ResponseBuilder, v: f64
     match accept {
         None | Some(ContentFormat::TEXT_PLAIN) => {
             rb.content_format(ContentFormat::TEXT_PLAIN)
+                .max_age(dev.spec().max_age_s())
                 .write(fmt_value(v).as_bytes());
         }
         Some(ContentFormat::JSON) => {
@@ -116,6 +121,7 @@ fn write_value(dev: &Device, req: &Request<'_>, rb: &mut ResponseBuilder, v: f64
                 dev.history().records(1).first().map_or(0, |r| r.unix_ms)
             );
             rb.content_format(ContentFormat::JSON)
+                .max_age(dev.spec().max_age_s())
                 .write(body.as_bytes());
         }
         Some(_) => {

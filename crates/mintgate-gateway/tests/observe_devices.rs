@@ -137,6 +137,12 @@ fn observe_register_notify_ack_and_reset() {
         (MessageType::Ack, Code::CONTENT, 1)
     );
     let mut last = obs_of(&p).expect("the registration's answer carries Observe");
+    // fresh for the sampling period (20 ms, rounded up to a second), not
+    // the default 60 s a missing Max-Age would mean
+    assert_eq!(
+        p.option(OptionNumber::MAX_AGE).and_then(|o| o.uint()),
+        Some(1)
+    );
     let v: f64 = std::str::from_utf8(p.payload()).unwrap().parse().unwrap();
     assert!((0.0..=40.0).contains(&v));
     assert_eq!(r.gw.notifier().observers(), 1);
