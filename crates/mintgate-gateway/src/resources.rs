@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use mintgate_coap::server::block::respond_block2;
+use mintgate_coap::server::block::{etag, respond_block2};
 use mintgate_coap::server::{Resource, Router};
 use mintgate_coap::wire::{Code, ContentFormat};
 use parking_lot::Mutex;
@@ -41,7 +41,8 @@ pub fn hello_with_cost(cost: HandlerCost) -> Resource {
 /// A diagnostic resource for trying every method: `PUT` stores the payload
 /// (2.04), `GET` returns what was stored (2.05, with its ETag; 2.03 to a GET
 /// that holds it), `POST` answers with the payload it was sent (2.04),
-/// `DELETE` clears the store (2.02). Payloads may come in blocks (Block1,
+/// `DELETE` clears the store (2.02). A PUT may be conditional (If-Match with
+/// the ETag of a GET, or If-None-Match: 4.12 when they do not hold). Payloads may come in blocks (Block1,
 /// up to the gateway's `coap.block1_max_body`), and answers larger than one
 /// 1024-byte message go block-wise (Block2).
 pub fn echo() -> Resource {
@@ -51,7 +52,7 @@ pub fn echo() -> Resource {
 /// [`echo`] answering in blocks of at most `max_block` bytes.
 pub fn echo_with_block(max_block: usize) -> Resource {
     let stored: Arc<Mutex<Vec<u8>>> = Arc::default();
-    let (g, p) = (stored.clone(), stored.clone());
+    let (g, p, t) = (stored.clone(), stored.clone(), stored.clone());
     Resource::new("echo")
         .get(move |req, rb| {
             let v = g.lock();
@@ -71,6 +72,8 @@ pub fn echo_with_block(max_block: usize) -> Resource {
             stored.lock().clear();
             rb.set_code(Code::DELETED);
         })
+        // the ETag its GET sends, for If-Match
+        .etag(move || Some(etag(&t.lock()).to_vec()))
         .attr("rt", "mintgate.echo")
         .attr("title", "stores PUT, returns it on GET, echoes POST")
 }

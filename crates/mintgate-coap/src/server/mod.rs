@@ -208,6 +208,9 @@ pub fn process_request(
                 Some(_) if !r.accepts_format(req.content_format()) => {
                     rb.set_code(Code::UNSUPPORTED_CONTENT_FORMAT);
                 }
+                Some(_) if !r.precondition_holds(req) => {
+                    rb.set_code(Code::PRECONDITION_FAILED);
+                }
                 Some(h) => h(req, &mut rb),
             },
         }

@@ -78,6 +78,10 @@ impl<'a> Request<'a> {
 /// A method handler: fills in the response (code defaults to 2.05 Content).
 pub type Handler = Arc<dyn Fn(&Request<'_>, &mut ResponseBuilder) + Send + Sync>;
 
+/// The entity-tag of a resource's current representation (what its GET
+/// sends as ETag), for conditional requests.
+pub type EtagFn = Arc<dyn Fn() -> Option<Vec<u8>> + Send + Sync>;
+
 const METHODS: [Code; 4] = [Code::GET, Code::POST, Code::PUT, Code::DELETE];
 
 /// A resource: a path, its link attributes and its method handlers.
@@ -87,6 +91,34 @@ pub struct Resource {
     attrs: Vec<(String, Option<String>)>,
     handlers: [Option<Handler>; 4],
     accepts: Option<Vec<ContentFormat>>,
+    etag: Option<EtagFn>,
+}
+
+/// What a request's If-Match / If-None-Match options (RFC 7252 5.10.8)
+/// ask of a resource that exists.
+fn precondition_holds(req: &Request<'_>, current: impl FnOnce() -> Option<Vec<u8>>) -> bool {
+    // options are in ascending order: If-Match (1) and If-None-Match (5)
+    // come first, so a request without them costs a look at its first
+    // option or two
+    let mut tags: Vec<&[u8]> = Vec::new();
+    for o in req
+        .packet
+        .options()
+        .take_while(|o| o.number <= OptionNumber::IF_NONE_MATCH)
+    {
+        if o.number == OptionNumber::IF_NONE_MATCH {
+            // only if there is no representation: the resource exists
+            return false;
+        }
+        if o.number == OptionNumber::IF_MATCH {
+            tags.push(o.value);
+        }
+    }
+    // an empty If-Match matches any representation; else one of the tags
+    // must be the current one
+    tags.is_empty()
+        || tags.iter().any(|t| t.is_empty())
+        || current().is_some_and(|now| tags.contains(&now.as_slice()))
 }
 
 impl fmt::Debug for Resource {
@@ -111,6 +143,7 @@ impl Resource {
             attrs: Vec::new(),
             handlers: Default::default(),
             accepts: None,
+            etag: None,
         }
     }
 
@@ -174,6 +207,22 @@ impl Resource {
     pub fn accepts(mut self, formats: &[ContentFormat]) -> Self {
         self.accepts = Some(formats.to_vec());
         self
+    }
+
+    /// Gives the entity-tag of the current representation, so that a
+    /// request with If-Match can name it. Without one, an If-Match that
+    /// names a tag never holds (no tag is current); an empty If-Match and
+    /// If-None-Match need none.
+    pub fn etag(mut self, f: impl Fn() -> Option<Vec<u8>> + Send + Sync + 'static) -> Self {
+        self.etag = Some(Arc::new(f));
+        self
+    }
+
+    /// Whether the request's If-Match / If-None-Match options (RFC 7252
+    /// 5.10.8) hold for this resource, which exists; when they do not, the
+    /// request gets 4.12 Precondition Failed and its handler does not run.
+    pub fn precondition_holds(&self, req: &Request<'_>) -> bool {
+        precondition_holds(req, || self.etag.as_ref().and_then(|f| f()))
     }
 
     /// Whether it is observable (has the `obs` link attribute): a GET with

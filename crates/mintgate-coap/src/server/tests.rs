@@ -40,6 +40,7 @@ fn router() -> Router {
                 rb.write(req.payload());
             })
             .accepts(&[ContentFormat::TEXT_PLAIN])
+            .etag(|| Some(vec![0x21, 0x05]))
             .attr("rt", "temperature-c")
             .flag("obs"),
     )
@@ -119,6 +120,48 @@ fn con_get_is_piggybacked_with_same_mid_and_token() {
         p.option(OptionNumber::CONTENT_FORMAT).unwrap().value,
         &[] as &[u8]
     );
+}
+
+#[test]
+fn if_match_and_if_none_match_are_preconditions() {
+    let put = |conds: &[(u16, &[u8])]| {
+        let out = answer(&req(
+            MessageType::Con,
+            Code::PUT,
+            7,
+            b"t",
+            "/sensors/temp",
+            conds,
+            b"22",
+        ))
+        .unwrap();
+        let p = Packet::new_checked(&out[..]).unwrap();
+        (p.code(), p.payload().to_vec())
+    };
+    let changed = (Code::CHANGED, b"22".to_vec());
+    let failed = (Code::PRECONDITION_FAILED, Vec::new());
+    assert_eq!(put(&[]), changed);
+    // the current tag, any tag (empty), one of several
+    assert_eq!(put(&[(1, &[0x21, 0x05])]), changed);
+    assert_eq!(put(&[(1, &[])]), changed);
+    assert_eq!(put(&[(1, &[0xde, 0xad]), (1, &[0x21, 0x05])]), changed);
+    // a stale tag: 4.12 and the handler does not run
+    assert_eq!(put(&[(1, &[0xde, 0xad])]), failed);
+    // only if it does not exist: it does
+    assert_eq!(put(&[(5, &[])]), failed);
+    // a resource without a tag: no named tag is current
+    let out = answer(&req(
+        MessageType::Con,
+        Code::GET,
+        8,
+        b"t",
+        "/request",
+        &[(1, &[1])],
+        b"",
+    ))
+    .unwrap();
+    let p = Packet::new_checked(&out[..]).unwrap();
+    assert_eq!(p.code(), Code::PRECONDITION_FAILED);
 }
 
 #[test]
