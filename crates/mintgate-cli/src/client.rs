@@ -104,9 +104,10 @@ pub struct RequestArgs {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     timeout: Option<Duration>,
     /// Extra option, repeatable. NUM is a number or a registered name
-    /// (e.g. If-None-Match); VALUE is a decimal integer for uint options,
-    /// 0x-prefixed hex for raw bytes, otherwise text. `-O 5` gives an empty
-    /// value.
+    /// (e.g. If-None-Match); VALUE is a decimal integer for uint options
+    /// (or a Content-Format name for Accept and Content-Format), 0x-prefixed
+    /// hex for raw bytes (sent as given), otherwise text; a registered
+    /// option's value must fit its length. `-O 5` gives an empty value.
     #[arg(short = 'O', long = "option", value_name = "NUM,VALUE", value_parser = parse_option)]
     options: Vec<ExtraOption>,
     /// Access token for writes to a gateway with `access.write = "token"`,
@@ -516,14 +517,38 @@ fn parse_option(s: &str) -> Result<ExtraOption, String> {
             })
             .collect::<Result<Vec<u8>, String>>()?
     } else {
-        let uint = number
-            .def()
-            .filter(|d| d.format == OptionFormat::Uint)
-            .and_then(|_| value.parse::<u32>().ok());
-        match uint {
-            Some(v) => encode_uint(v, &mut [0; 4]).to_vec(),
-            None => value.as_bytes().to_vec(),
+        let bytes = match number.def() {
+            Some(d) if d.format == OptionFormat::Uint && !value.is_empty() => {
+                let cf = number == OptionNumber::CONTENT_FORMAT || number == OptionNumber::ACCEPT;
+                let v = value.parse::<u32>().ok().or_else(|| {
+                    cf.then(|| ContentFormat::parse(value).map(|f| u32::from(f.0)))
+                        .flatten()
+                });
+                match v {
+                    Some(v) => encode_uint(v, &mut [0; 4]).to_vec(),
+                    None => {
+                        return Err(format!(
+                            "{} takes a decimal integer (0-4294967295){}, not '{value}' \
+                             (0x-prefixed hex sends raw bytes)",
+                            d.name,
+                            if cf { " or a Content-Format name" } else { "" }
+                        ))
+                    }
+                }
+            }
+            _ => value.as_bytes().to_vec(),
+        };
+        // a registered option's length (raw hex bytes are sent as given)
+        if let Some(d) = number.def().filter(|d| !d.len_ok(bytes.len())) {
+            return Err(format!(
+                "{} takes {}-{} bytes, '{value}' is {}",
+                d.name,
+                d.min_len,
+                d.max_len,
+                bytes.len()
+            ));
         }
+        bytes
     };
     Ok(ExtraOption(number, bytes))
 }
@@ -682,6 +707,26 @@ mod tests {
         );
         assert!(parse_option("4,0xabc").is_err());
         assert!(parse_option("Nope,1").is_err());
+        // a uint option takes a number (Accept also a format's name)
+        assert_eq!(
+            parse_option("Accept,json"),
+            Ok(ExtraOption(OptionNumber::ACCEPT, vec![50]))
+        );
+        assert_eq!(
+            parse_option("17,60"),
+            Ok(ExtraOption(OptionNumber::ACCEPT, vec![60]))
+        );
+        for bad in ["Accept,jsn", "12,json2", "Max-Age,soon", "14,99999999999"] {
+            let e = parse_option(bad).unwrap_err();
+            assert!(e.contains("decimal integer"), "{bad}: {e}");
+        }
+        // a registered option's length: Uri-Host is 1-255 bytes, If-None-Match empty
+        assert!(parse_option("Uri-Host,")
+            .unwrap_err()
+            .contains("1-255 bytes"));
+        assert!(parse_option("5,x").is_err());
+        // raw hex is sent as given
+        assert!(parse_option("5,0x01").is_ok());
         assert_eq!(parse_content_format("json"), Ok(ContentFormat::JSON));
         assert!(parse_content_format("text/html").is_err());
         assert_eq!(parse_block_size("64"), Ok(64));

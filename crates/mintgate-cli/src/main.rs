@@ -171,6 +171,21 @@ mod tests {
     use super::log_filter;
 
     #[test]
+    fn durations_take_units_where_the_help_says_so() {
+        use clap::Parser as _;
+        for args in [
+            &["mintgate", "serve", "--stats-every", "5s"][..],
+            &["mintgate", "serve", "--stats-every", "7"],
+            &["mintgate", "serve", "--stats-every", "0"],
+        ] {
+            assert!(super::Cli::try_parse_from(args).is_ok(), "{args:?}");
+        }
+        assert!(
+            super::Cli::try_parse_from(["mintgate", "serve", "--stats-every", "soon"]).is_err()
+        );
+    }
+
+    #[test]
     fn the_log_flag_wins_over_rust_log() {
         assert_eq!(
             log_filter(Some("debug"), Some("error")),

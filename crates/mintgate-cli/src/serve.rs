@@ -100,9 +100,9 @@ pub struct ServeArgs {
     /// an error naming the key.
     #[arg(long)]
     print_config: bool,
-    /// Log the Performance Observer's last sample every this many seconds while there is traffic (0 = never).
-    #[arg(long, default_value_t = 10, value_name = "SECS")]
-    stats_every: u64,
+    /// Log the Performance Observer's last sample this often while there is traffic, e.g. 10s, 1m (a bare number is seconds, whole seconds are used; 0 = never).
+    #[arg(long, default_value = "10s", value_name = "D", value_parser = mintgate_gateway::config::parse_duration)]
+    stats_every: Duration,
 }
 
 /// Blocks SIGINT and SIGTERM in this thread (and the threads it starts
@@ -332,9 +332,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "mintgate serving CoAP (coap://{}/request answers `hello world`); Ctrl-C to stop",
         gw.local_addrs().first().map(|a| a.to_string()).unwrap_or_default()
     );
-    let every = Duration::from_secs(a.stats_every.max(1));
+    let every = a.stats_every.max(Duration::from_secs(1));
     let sig = wait_for_signal(&set, every, || {
-        if a.stats_every == 0 {
+        if a.stats_every.is_zero() {
             return;
         }
         if let Some(s) = gw.samples().last().filter(|s| s.datagrams > 0 || s.qs > 0) {
