@@ -705,9 +705,12 @@ impl Receiver {
         let mut got = std::mem::take(&mut self.got);
         match sh.dtls[self.li].clone() {
             None => {
+                let max_dgram = sh.cfg.coap.max_datagram;
                 for (block, info) in blocks.drain(..n).zip(got.drain(..)) {
                     block.count_alloc(Layer::Receive);
-                    if info.truncated {
+                    // cut by the kernel, or longer than the limit although
+                    // the block (the smallest that holds the limit) had room
+                    if info.truncated || info.len > max_dgram {
                         c.nr_ignored.fetch_add(1, Relaxed);
                         continue;
                     }
@@ -721,6 +724,8 @@ impl Receiver {
                 let max_dgram = sh.cfg.coap.max_datagram;
                 let mut plain = std::mem::take(&mut self.plain);
                 for (block, info) in blocks.drain(..n).zip(got.drain(..)) {
+                    // a record may exceed the plaintext limit by its own
+                    // overhead; the decrypted datagram is held to it below
                     if info.truncated {
                         c.nr_ignored.fetch_add(1, Relaxed);
                         continue;

@@ -473,3 +473,28 @@ fn metrics_endpoint_serves_prometheus_text_and_observer_json_that_match_the_coun
     let (head, _) = http_get(m.local_addr(), "/nope");
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 }
+
+/// `coap.max_datagram` is the limit, not the receive block's size: a
+/// datagram over it is dropped and counted even when the block (the
+/// smallest that holds the limit) has room for it.
+#[test]
+fn datagrams_over_max_datagram_are_dropped_and_counted() {
+    let mut c = config("127.0.0.1:0");
+    c.coap.max_datagram = 300;
+    let (gw, addr) = start(c, resources::default_router());
+    let s = client(addr);
+    let small = request(MessageType::Con, Code::PUT, 1, b"a", "echo", &[b'x'; 200]);
+    s.send(&small).unwrap();
+    let p = recv(&s).expect("a datagram under the limit is answered");
+    assert_eq!(Packet::new_checked(&p[..]).unwrap().code(), Code::CHANGED);
+    let big = request(MessageType::Con, Code::PUT, 2, b"b", "echo", &[b'y'; 600]);
+    assert!(big.len() > 300 && big.len() < 1280);
+    s.send(&big).unwrap();
+    assert!(recv_within(&s, Duration::from_millis(500)).is_none());
+    assert_eq!(gw.counters().nr_ignored.load(Relaxed), 1);
+    // the store still holds the small one
+    s.send(&request(MessageType::Con, Code::GET, 3, b"c", "echo", b""))
+        .unwrap();
+    let p = recv(&s).unwrap();
+    assert_eq!(Packet::new_checked(&p[..]).unwrap().payload(), &[b'x'; 200]);
+}
