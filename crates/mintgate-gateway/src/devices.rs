@@ -4,7 +4,7 @@
 //! | path | methods | what |
 //! |---|---|---|
 //! | `/sensors/NAME` | GET (observable) | the value now, `text/plain` (`22.513`), or JSON with `Accept: 50` |
-//! | `/actuators/NAME` | GET (observable), PUT | the last value written; PUT a number (or `on`/`off`) to set it |
+//! | `/actuators/NAME` | GET (observable), PUT | the last value written; PUT a number (or `on`/`off`), or JSON `{"v": 2}` / `{"value": 2}`, to set it |
 //! | `/sensors/NAME/history`, `/actuators/NAME/history` | GET | the bounded history as CSV `unix_ms,value`, block-wise (Block2) when large |
 //! | `/links` | GET, POST, DELETE | the direct path's links, one `ID: LINK` per line; POST a link (`temp0 \| threshold(25, 23) -> actuator(led0)`) to add it (2.01, payload the id); DELETE `?id=N` to remove one |
 //!
@@ -82,6 +82,26 @@ pub fn parse_put(payload: &[u8]) -> Result<f64, String> {
             "expected a number, on or off, got `{}`",
             s.chars().take(20).collect::<String>()
         )),
+    }
+}
+
+/// What a PUT to an actuator carries, by its Content-Format: text (see
+/// [`parse_put`]), or JSON (50): the device's own representation
+/// `{"v": 2}` (other members ignored) or `{"value": 2}`, a number or a
+/// boolean.
+pub fn parse_put_as(cf: Option<ContentFormat>, payload: &[u8]) -> Result<f64, String> {
+    if cf != Some(ContentFormat::JSON) {
+        return parse_put(payload);
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
+    match v.get("v").or_else(|| v.get("value")) {
+        Some(serde_json::Value::Number(n)) => n
+            .as_f64()
+            .filter(|f| f.is_finite())
+            .ok_or_else(|| "the value is not a finite number".to_string()),
+        Some(serde_json::Value::Bool(b)) => Ok(if *b { 1.0 } else { 0.0 }),
+        _ => Err("expected a JSON object with a numeric `v` (or `value`)".into()),
     }
 }
 
@@ -168,20 +188,22 @@ pub fn device_resource(dev: &Arc<Device>) -> Resource {
     if dev.direction() == Direction::Actuator {
         let d = dev.clone();
         r = r
-            .put(move |req, rb| match parse_put(req.payload()) {
-                Ok(v) => match d.write(v) {
-                    Ok(()) => {
-                        rb.set_code(Code::CHANGED);
+            .put(
+                move |req, rb| match parse_put_as(req.content_format(), req.payload()) {
+                    Ok(v) => match d.write(v) {
+                        Ok(()) => {
+                            rb.set_code(Code::CHANGED);
+                        }
+                        Err(e) => device_error(rb, &e),
+                    },
+                    Err(why) => {
+                        rb.set_code(Code::BAD_REQUEST)
+                            .content_format(ContentFormat::TEXT_PLAIN)
+                            .write(why.as_bytes());
                     }
-                    Err(e) => device_error(rb, &e),
                 },
-                Err(why) => {
-                    rb.set_code(Code::BAD_REQUEST)
-                        .content_format(ContentFormat::TEXT_PLAIN)
-                        .write(why.as_bytes());
-                }
-            })
-            .accepts(&[ContentFormat::TEXT_PLAIN]);
+            )
+            .accepts(&[ContentFormat::TEXT_PLAIN, ContentFormat::JSON]);
     }
     r
 }
@@ -551,6 +573,12 @@ mod tests {
         assert_eq!(parse_put(b" 2.5\n"), Ok(2.5));
         assert_eq!(parse_put(b"ON"), Ok(1.0));
         assert_eq!(parse_put(b"off"), Ok(0.0));
+        let json = Some(ContentFormat::JSON);
+        assert_eq!(parse_put_as(json, br#"{"n":"led0","v":2,"t":0}"#), Ok(2.0));
+        assert_eq!(parse_put_as(json, br#"{"value":true}"#), Ok(1.0));
+        assert!(parse_put_as(json, b"2").is_err());
+        assert!(parse_put_as(json, br#"{"v":"x"}"#).is_err());
+        assert_eq!(parse_put_as(None, b"on"), Ok(1.0));
         assert!(parse_put(b"nan").unwrap_err().contains("expected a number"));
         assert!(parse_put(&[0xff]).is_err());
     }

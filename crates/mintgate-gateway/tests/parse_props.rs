@@ -1,10 +1,11 @@
 //! Properties of the gateway's parsers of outside input: the TOML config,
-//! what a PUT to an actuator carries (`devices::parse_put`) and MQTT
+//! what a PUT to an actuator carries (`devices::parse_put`, `parse_put_as`) and MQTT
 //! command payloads (`bridge::parse_command`). Total on any input; what
 //! they accept they keep.
 
+use mintgate_coap::wire::ContentFormat;
 use mintgate_gateway::bridge::parse_command;
-use mintgate_gateway::devices::parse_put;
+use mintgate_gateway::devices::{parse_put, parse_put_as};
 use mintgate_gateway::Config;
 use proptest::prelude::*;
 
@@ -64,6 +65,18 @@ proptest! {
             prop_assert!(x.is_finite());
         }
         prop_assert_eq!(parse_put(format!(" {v:?}\n").as_bytes()), Ok(v));
+    }
+
+    #[test]
+    fn json_put_payloads_are_finite_numbers_or_refused(text in "[ -~]{0,40}", v in -1e6f64..1e6) {
+        let json = Some(ContentFormat::JSON);
+        if let Ok(x) = parse_put_as(json, text.as_bytes()) {
+            prop_assert!(x.is_finite());
+        }
+        // the device's own JSON representation goes back in
+        let body = format!("{{\"n\":\"led0\",\"v\":{v:?},\"t\":1}}");
+        let got = parse_put_as(json, body.as_bytes()).unwrap();
+        prop_assert!((got - v).abs() <= v.abs() * 1e-15, "{got} vs {v}");
     }
 
     #[test]

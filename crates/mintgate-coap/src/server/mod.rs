@@ -188,13 +188,16 @@ pub fn process_request(
     {
         rb.set_code(Code::PROXYING_NOT_SUPPORTED);
     } else if is_well_known_core(p) {
-        if p.code() == Code::GET {
+        let accept = p.option(OptionNumber::ACCEPT).map(|o| o.uint());
+        if p.code() != Code::GET {
+            rb.set_code(Code::METHOD_NOT_ALLOWED);
+        } else if accept.is_some_and(|a| a != Some(u32::from(ContentFormat::LINK_FORMAT.0))) {
+            rb.set_code(Code::NOT_ACCEPTABLE);
+        } else {
             let filter = req.query().next();
             let doc = router.well_known_core(filter);
             rb.content_format(ContentFormat::LINK_FORMAT)
                 .write(doc.as_bytes());
-        } else {
-            rb.set_code(Code::METHOD_NOT_ALLOWED);
         }
     } else {
         match router.find(req) {
@@ -207,6 +210,9 @@ pub fn process_request(
                 }
                 Some(_) if !r.accepts_format(req.content_format()) => {
                     rb.set_code(Code::UNSUPPORTED_CONTENT_FORMAT);
+                }
+                Some(_) if p.code() == Code::GET && !r.can_answer(req.accept()) => {
+                    rb.set_code(Code::NOT_ACCEPTABLE);
                 }
                 Some(_) if !r.precondition_holds(req) => {
                     rb.set_code(Code::PRECONDITION_FAILED);

@@ -68,6 +68,13 @@ impl<'a> Request<'a> {
             .map(|v| ContentFormat(v as u16))
     }
 
+    /// The Content-Format asked for in the answer (Accept), if given.
+    pub fn accept(&self) -> Option<ContentFormat> {
+        self.option(OptionNumber::ACCEPT)
+            .and_then(|o| o.uint())
+            .map(|v| ContentFormat(v as u16))
+    }
+
     /// The payload.
     pub fn payload(&self) -> &'a [u8] {
         let p: &'a Packet<&'a [u8]> = self.packet;
@@ -249,6 +256,22 @@ impl Resource {
     /// The handler for `m`, if any.
     pub fn handler(&self, m: Code) -> Option<&Handler> {
         method_index(m).and_then(|i| self.handlers[i].as_ref())
+    }
+
+    /// Whether a GET asking for `accept` (the Accept option; None: not
+    /// asked) can be answered: any format when the resource lists none in
+    /// its `ct` attribute, else one it lists. When not, the request gets
+    /// 4.06 Not Acceptable (RFC 7252 5.10.4) and its handler does not run.
+    pub fn can_answer(&self, accept: Option<ContentFormat>) -> bool {
+        let Some(want) = accept else {
+            return true;
+        };
+        match self.attrs.iter().find(|(k, _)| k == "ct") {
+            Some((_, Some(list))) => list
+                .split_ascii_whitespace()
+                .any(|f| f.parse::<u16>() == Ok(want.0)),
+            _ => true,
+        }
     }
 
     /// Whether a payload of format `cf` (None: not stated) is accepted.

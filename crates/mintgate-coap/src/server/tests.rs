@@ -165,6 +165,34 @@ fn if_match_and_if_none_match_are_preconditions() {
 }
 
 #[test]
+fn accept_outside_a_resources_ct_is_not_acceptable() {
+    let get = |path: &str, accept: Option<u8>| {
+        let a = accept.map(|a| [a]);
+        let extra: Vec<(u16, &[u8])> = a.iter().map(|a| (17u16, &a[..])).collect();
+        let out = answer(&req(
+            MessageType::Con,
+            Code::GET,
+            9,
+            b"t",
+            path,
+            &extra,
+            b"",
+        ))
+        .unwrap();
+        Packet::new_checked(&out[..]).unwrap().code()
+    };
+    // /request lists ct=0
+    assert_eq!(get("/request", None), Code::CONTENT);
+    assert_eq!(get("/request", Some(0)), Code::CONTENT);
+    assert_eq!(get("/request", Some(60)), Code::NOT_ACCEPTABLE);
+    // no ct attribute: the handler decides
+    assert_eq!(get("/sensors/temp", Some(60)), Code::CONTENT);
+    // /.well-known/core is link-format (40)
+    assert_eq!(get("/.well-known/core", Some(40)), Code::CONTENT);
+    assert_eq!(get("/.well-known/core", Some(50)), Code::NOT_ACCEPTABLE);
+}
+
+#[test]
 fn non_get_gets_non_response_with_fresh_mid() {
     let out = answer(&req(
         MessageType::Non,
