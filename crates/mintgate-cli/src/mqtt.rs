@@ -114,8 +114,9 @@ pub struct SubscribeArgs {
     #[arg(long)]
     client_id: Option<String>,
     /// Keep the session on the broker while disconnected (clean session
-    /// off): the broker queues for us across our reconnections.
-    #[arg(long)]
+    /// off): the broker queues for us across our reconnections and runs.
+    /// Needs --client-id: the session is found again by it.
+    #[arg(long, requires = "client_id")]
     persistent: bool,
     /// Longest wait for a missing sequence before skipping it.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]

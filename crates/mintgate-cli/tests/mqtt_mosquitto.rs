@@ -451,3 +451,20 @@ fn persistent_subscriber_gets_its_queued_messages() {
     drop(broker);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A filter that breaks the wildcard rules is refused at once, naming the
+/// rule; a persistent session needs a client id to be found again (no
+/// broker needed).
+#[test]
+fn subscribe_refuses_bad_filters_and_anonymous_persistent_sessions() {
+    let p = mintgate(&["subscribe", "--topic", "a/#/b", "--timeout", "20s"].map(String::from));
+    let t0 = Instant::now();
+    let (code, _, err) = finish(p, Duration::from_secs(20));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("'#' must be a whole level"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "not at once");
+    let p = mintgate(&["subscribe", "--topic", "a", "--persistent"].map(String::from));
+    let (code, _, err) = finish(p, Duration::from_secs(20));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--client-id"), "{err}");
+}

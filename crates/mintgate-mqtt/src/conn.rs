@@ -456,9 +456,43 @@ pub fn check_topic(topic: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a topic filter for subscribing (MQTT 3.1.1 4.7, 5.0 4.7):
+/// 1..=65535 bytes, no NUL, `+` alone in its level, `#` alone in the last.
+pub fn check_filter(filter: &str) -> Result<(), String> {
+    if filter.is_empty() || filter.len() > 65_535 || filter.contains('\0') {
+        return Err(format!(
+            "topic filter must be 1..=65535 bytes without NUL, got {filter:?}"
+        ));
+    }
+    let levels: Vec<&str> = filter.split('/').collect();
+    for (i, l) in levels.iter().enumerate() {
+        if l.contains('#') && (*l != "#" || i + 1 != levels.len()) {
+            return Err(format!(
+                "topic filter {filter:?}: '#' must be a whole level, the last (a/#)"
+            ));
+        }
+        if l.contains('+') && *l != "+" {
+            return Err(format!(
+                "topic filter {filter:?}: '+' must be a whole level (a/+/b)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filters_follow_the_wildcard_rules() {
+        for ok in ["a", "a/b", "#", "+", "a/#", "+/+/c", "/", "a//b", "$SYS/#"] {
+            assert!(check_filter(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a/#/b", "a#", "a/b#", "a+", "a/+b/c", "#/a", "a\0b"] {
+            assert!(check_filter(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn parses_broker_urls() {

@@ -84,6 +84,8 @@ pub struct Subscriber {
 impl Subscriber {
     /// Starts subscribing (returns at once; wait for [`SubEvent::Subscribed`]).
     pub fn start(cfg: SubscriberConfig) -> std::io::Result<Subscriber> {
+        crate::conn::check_filter(&cfg.topic)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let (tx, events) = std_mpsc::channel();
         let (stop, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
