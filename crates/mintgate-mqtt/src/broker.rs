@@ -91,18 +91,15 @@ impl EmbeddedBroker {
         // listeners never get the same one (two picks in a row may: the
         // second server then fails to bind, and MQTT 5 clients reach the
         // 3.1.1 server, which drops them).
-        let hold = |a: SocketAddr| -> io::Result<(SocketAddr, Option<TcpListener>)> {
-            if a.port() == 0 {
-                let l = TcpListener::bind(a)?;
-                Ok((l.local_addr()?, Some(l)))
-            } else {
-                Ok((a, None))
-            }
+        // Every address is bound once here first: one that is not this
+        // machine's, or taken, is an error now with its cause, before rumqttd
+        // (whose failure to bind shows only in its own log) starts.
+        let hold = |a: SocketAddr| -> io::Result<(SocketAddr, TcpListener)> {
+            let l = TcpListener::bind(a)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {a}: {e}")))?;
+            Ok((l.local_addr()?, l))
         };
-        let (v4, h4) = hold(v4)?;
-        let (v5, h5) = hold(v5)?;
-        drop((h4, h5));
-        if v4 == v5 {
+        if v4 == v5 && v4.port() != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
@@ -110,6 +107,9 @@ impl EmbeddedBroker {
                 ),
             ));
         }
+        let (v4, h4) = hold(v4)?;
+        let (v5, h5) = hold(v5)?;
+        drop((h4, h5));
         let server = |name: &str, listen: SocketAddr| rumqttd::ServerSettings {
             name: name.into(),
             listen,

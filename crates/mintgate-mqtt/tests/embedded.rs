@@ -300,4 +300,15 @@ fn listeners_are_distinct_and_a_taken_port_is_an_error() {
         panic!("a port another program holds was accepted");
     };
     assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+
+    // An address that is not this machine's (TEST-NET-1, RFC 5737): an
+    // error at once with its cause, found by binding (nothing is sent).
+    let t0 = std::time::Instant::now();
+    let Err(e) = EmbeddedBroker::start(([127, 0, 0, 1], 0).into(), ([192, 0, 2, 1], 1883).into())
+    else {
+        panic!("an address of no interface here was accepted");
+    };
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrNotAvailable, "{e}");
+    assert!(e.to_string().contains("192.0.2.1:1883"), "{e}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(2));
 }
