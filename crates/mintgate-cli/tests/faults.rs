@@ -409,3 +409,28 @@ fn read_only_or_full_state_folder_is_a_clear_error_at_start() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A broker the MQTT bridges cannot reach is said in the log (after 2 s
+/// of failed attempts), not only in /api/state.
+#[test]
+fn an_unreachable_broker_is_logged() {
+    let dir = common::tmp_dir("unreachable-broker");
+    let coap = common::free_udp();
+    let broker = common::closed_port(true);
+    let state = dir.join("mqtt-state");
+    let cfg = common::write_config(
+        &dir,
+        coap,
+        &format!(
+            "[mqtt]\nenabled = true\nbroker = \"mqtt://127.0.0.1:{broker}\"\nstate = \"{}\"\n",
+            state.display()
+        ),
+    );
+    let mut s = common::Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    s.wait_log(
+        &format!("cannot connect to mqtt://127.0.0.1:{broker}"),
+        Duration::from_secs(20),
+    );
+    assert!(s.log_text().contains("refused"), "{}", s.log_text());
+    let _ = std::fs::remove_dir_all(&dir);
+}

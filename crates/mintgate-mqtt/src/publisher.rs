@@ -207,6 +207,7 @@ impl Publisher {
                     handed: std::collections::VecDeque::new(),
                     connects: 0,
                     last_error: None,
+                    failing: None,
                     last_notify: Instant::now(),
                     staged: Vec::new(),
                     staged_replies: Vec::new(),
@@ -356,6 +357,9 @@ struct Driver {
     handed: std::collections::VecDeque<u64>,
     connects: u64,
     last_error: Option<String>,
+    /// Since when connection attempts fail (none has succeeded since), and
+    /// when that was last logged as a warning.
+    failing: Option<(Instant, Option<Instant>)>,
     last_notify: Instant,
     /// Numbered messages waiting for the next durable write, and the
     /// callers to answer when it is done.
@@ -660,6 +664,13 @@ impl Driver {
             LinkEvent::Connected { .. } => {
                 self.connected = true;
                 self.connects += 1;
+                if let Some((since, Some(_))) = self.failing.take() {
+                    tracing::info!(
+                        "publish queue: connected to {} after {:.0?} of failed attempts",
+                        self.cfg.broker,
+                        since.elapsed()
+                    );
+                }
                 tracing::debug!(
                     "publish queue connected to {} (resending from message {:?})",
                     self.cfg.broker,
@@ -699,7 +710,24 @@ impl Driver {
         if self.connected {
             tracing::warn!("publish queue: connection to {} lost: {e}", self.cfg.broker);
         } else {
-            tracing::debug!("publish queue: connecting to {}: {e}", self.cfg.broker);
+            // Attempts that keep failing are said as a warning once they have
+            // gone on for 2 s (a broker starting beside us is up by then),
+            // then once a minute; each one at debug.
+            let now = Instant::now();
+            let (since, said) = self.failing.get_or_insert((now, None));
+            let due = now.duration_since(*since) >= Duration::from_secs(2)
+                && said.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(60));
+            if due {
+                *said = Some(now);
+                tracing::warn!(
+                    "publish queue: cannot connect to {} for {:.0?}: {e}; retrying, {} message(s) waiting",
+                    self.cfg.broker,
+                    now.duration_since(*since),
+                    self.queue.len()
+                );
+            } else {
+                tracing::debug!("publish queue: connecting to {}: {e}", self.cfg.broker);
+            }
         }
         *conn = None;
         self.connected = false;
