@@ -167,6 +167,43 @@ fn curl_http1_and_http2() {
     );
     let r = curl(&["-H", "cache-control: no-cache", &gw.url("/echo")]);
     assert!(r.ends_with("\nstored by curl"), "{r}");
+    // a stale If-Match: 412, and nothing is stored
+    let r = curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        "if-match: \"00000000\"",
+        "-H",
+        "content-type: text/plain",
+        "--data-binary",
+        "not stored",
+        &gw.url("/echo"),
+    ]);
+    assert!(r.starts_with("HTTP/1.1 412"), "{r}");
+    // larger than one CoAP message both ways: up in Block1, back in Block2
+    let big: String = (0..5000).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    let file = gw.dir.join("big.txt");
+    std::fs::write(&file, &big).unwrap();
+    let r = curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        "content-type: text/plain",
+        "--data-binary",
+        &format!("@{}", file.display()),
+        &gw.url("/echo"),
+    ]);
+    assert!(
+        r.starts_with("HTTP/1.1 204") || r.starts_with("HTTP/1.1 200"),
+        "{r}"
+    );
+    let r = curl(&["-H", "cache-control: no-cache", &gw.url("/echo")]);
+    assert!(r.starts_with("HTTP/1.1 200"), "{}", &r[..r.len().min(300)]);
+    assert!(
+        r.ends_with(&format!("\n{big}")),
+        "{}",
+        &r[..r.len().min(300)]
+    );
     let other = format!(
         "http://127.0.0.1:{}/hc/coap://127.0.0.1:{}/request",
         gw.http,

@@ -128,6 +128,7 @@ impl ProxyServer {
             max_queue_per_upstream: cfg.max_queue_per_upstream,
             separate_timeout: cfg.request_timeout,
             seed: rand::random(),
+            block: upstream::block_config(),
         };
         let up = match sockets.upstream {
             Some(s) => upstream::Upstream::start_with(ucfg, s),

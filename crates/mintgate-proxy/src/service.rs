@@ -322,6 +322,10 @@ impl Proxy {
                 .retry_after(1),
                 UpstreamError::Request(m) => ProxyError::new(StatusCode::BAD_REQUEST, m),
                 UpstreamError::Io(m) => ProxyError::new(StatusCode::BAD_GATEWAY, m),
+                UpstreamError::Block(m) => ProxyError::new(
+                    StatusCode::BAD_GATEWAY,
+                    format!("the CoAP server {authority}: {m}"),
+                ),
             })?;
         let now = Instant::now();
         let mut resp = up.response;

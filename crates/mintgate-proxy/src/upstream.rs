@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use mintgate_coap::client::blockwise::{BlockConfig, Step, Transfer};
 use mintgate_coap::client::{Client, ClientConfig, Event, ExchangeId, Request};
 use mintgate_coap::rto::{Algorithm, TransmissionParams};
 use tokio::net::UdpSocket;
@@ -49,6 +50,10 @@ pub struct UpstreamConfig {
     pub separate_timeout: Duration,
     /// Seed of tokens, message IDs and the controller's randomness.
     pub seed: u64,
+    /// Block-wise transfers (RFC 7959): request bodies larger than a block
+    /// go up in blocks (Block1), block-wise answers are fetched whole
+    /// (Block2) up to `max_body` bytes.
+    pub block: BlockConfig,
 }
 
 impl Default for UpstreamConfig {
@@ -60,7 +65,20 @@ impl Default for UpstreamConfig {
             max_queue_per_upstream: 256,
             separate_timeout: Duration::from_secs(60),
             seed: rand::random(),
+            block: block_config(),
         }
+    }
+}
+
+/// Largest answer fetched block-wise, bytes (1 MiB): more is answered 502.
+pub const MAX_RESPONSE_BODY: usize = 1 << 20;
+
+/// The proxy's block-wise settings: 1024-byte blocks up, the server's
+/// block size down, answers up to [`MAX_RESPONSE_BODY`].
+pub fn block_config() -> BlockConfig {
+    BlockConfig {
+        max_body: MAX_RESPONSE_BODY,
+        ..BlockConfig::default()
     }
 }
 
@@ -83,6 +101,10 @@ pub enum UpstreamError {
     /// The socket failed or the task is gone.
     #[error("upstream I/O: {0}")]
     Io(String),
+    /// A block-wise transfer failed (too large, the server broke the
+    /// rules, the representation kept changing).
+    #[error("{0}")]
+    Block(String),
 }
 
 /// A response and how the exchange went.
@@ -259,6 +281,7 @@ impl Upstream {
             pending: HashMap::new(),
             per_dest: HashMap::new(),
             max_per_dest: cfg.max_queue_per_upstream.max(1),
+            block: cfg.block,
             stats: stats.clone(),
         };
         tokio::spawn(task.run());
@@ -310,6 +333,8 @@ impl Upstream {
 struct Pending {
     dest: SocketAddr,
     reply: oneshot::Sender<Result<UpstreamResponse, UpstreamError>>,
+    /// The request's block-wise transfer: one exchange, or one per block.
+    transfer: Transfer,
 }
 
 /// The task's state. Invariant: `per_dest[d]` is the number of entries of
@@ -323,6 +348,7 @@ struct Task {
     pending: HashMap<ExchangeId, Pending>,
     per_dest: HashMap<SocketAddr, usize>,
     max_per_dest: usize,
+    block: BlockConfig,
     stats: Arc<UpstreamStats>,
 }
 
@@ -410,7 +436,8 @@ impl Task {
             options: c.req.options,
             payload: c.req.payload,
         };
-        match self.client.request(Instant::now(), c.dest, req) {
+        let (transfer, first) = Transfer::new(req, self.block);
+        match self.client.request(Instant::now(), c.dest, first) {
             Ok(id) => {
                 self.stats.requests.fetch_add(1, Relaxed);
                 *self.per_dest.entry(c.dest).or_insert(0) += 1;
@@ -419,6 +446,7 @@ impl Task {
                     Pending {
                         dest: c.dest,
                         reply: c.reply,
+                        transfer,
                     },
                 );
             }
@@ -428,54 +456,80 @@ impl Task {
         }
     }
 
+    /// Sends what the client has to send and answers the requests whose
+    /// exchanges ended; a block-wise transfer's next exchange starts at
+    /// once, and what it sends goes out in the same call.
     async fn flush(&mut self) {
-        while let Some(t) = self.client.poll_transmit(Instant::now()) {
-            let to = to_socket(t.dest, self.dual);
-            if let Err(e) = self.socket.send_to(&t.bytes, to).await {
-                // A lost datagram: the controller retransmits or gives up.
-                tracing::debug!(error = %e, dest = %t.dest, "upstream send");
-            }
-        }
-        while let Some(ev) = self.client.poll_event() {
-            let Some(p) = self.pending.remove(&ev.id()) else {
-                continue;
-            };
-            if let Some(n) = self.per_dest.get_mut(&p.dest) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_dest.remove(&p.dest);
+        loop {
+            while let Some(t) = self.client.poll_transmit(Instant::now()) {
+                let to = to_socket(t.dest, self.dual);
+                if let Err(e) = self.socket.send_to(&t.bytes, to).await {
+                    // A lost datagram: the controller retransmits or gives up.
+                    tracing::debug!(error = %e, dest = %t.dest, "upstream send");
                 }
             }
-            let out = match ev {
-                Event::Response {
-                    code,
-                    options,
-                    payload,
-                    rtt,
-                    retransmissions,
-                    ..
-                } => {
+            let mut continued = false;
+            while let Some(ev) = self.client.poll_event() {
+                let Some(mut p) = self.pending.remove(&ev.id()) else {
+                    continue;
+                };
+                if let Event::Response {
+                    retransmissions, ..
+                } = &ev
+                {
                     self.stats.responses.fetch_add(1, Relaxed);
                     self.stats
                         .retransmissions
-                        .fetch_add(retransmissions.into(), Relaxed);
-                    Ok(UpstreamResponse {
-                        response: CoapResponse {
-                            code,
-                            options,
-                            payload,
-                        },
-                        rtt,
-                        retransmissions,
-                    })
+                        .fetch_add(u64::from(*retransmissions), Relaxed);
                 }
-                Event::Timeout { .. } => {
-                    self.stats.timeouts.fetch_add(1, Relaxed);
-                    Err(UpstreamError::Timeout)
+                let out = match ev {
+                    Event::Timeout { .. } => {
+                        self.stats.timeouts.fetch_add(1, Relaxed);
+                        Err(UpstreamError::Timeout)
+                    }
+                    Event::Reset { .. } => Err(UpstreamError::Reset),
+                    ev => match p.transfer.on_event(ev) {
+                        Some(Step::Send(next)) => {
+                            // the next block: the request keeps its slot
+                            if p.reply.is_closed() {
+                                Err(UpstreamError::Io("abandoned".into()))
+                            } else {
+                                match self.client.request(Instant::now(), p.dest, next) {
+                                    Ok(id) => {
+                                        self.pending.insert(id, p);
+                                        continued = true;
+                                        continue;
+                                    }
+                                    Err(e) => Err(UpstreamError::Request(e.to_string())),
+                                }
+                            }
+                        }
+                        Some(Step::Done(r)) => Ok(UpstreamResponse {
+                            response: CoapResponse {
+                                code: r.code,
+                                options: r.options,
+                                payload: r.payload,
+                            },
+                            rtt: r.rtt,
+                            retransmissions: r.retransmissions,
+                        }),
+                        Some(Step::Failed(e)) => Err(UpstreamError::Block(e.to_string())),
+                        None => Err(UpstreamError::Io(
+                            "an exchange ended without an answer".into(),
+                        )),
+                    },
+                };
+                if let Some(n) = self.per_dest.get_mut(&p.dest) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_dest.remove(&p.dest);
+                    }
                 }
-                Event::Reset { .. } => Err(UpstreamError::Reset),
-            };
-            let _ = p.reply.send(out);
+                let _ = p.reply.send(out);
+            }
+            if !continued {
+                break;
+            }
         }
     }
 }
