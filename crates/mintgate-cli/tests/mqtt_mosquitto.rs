@@ -468,3 +468,44 @@ fn subscribe_refuses_bad_filters_and_anonymous_persistent_sessions() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--client-id"), "{err}");
 }
+
+/// A message far above the old 256 KiB packet limit (1 MiB, through
+/// mosquitto, MQTT 3.1.1) is delivered, not a disconnect per redelivery.
+#[test]
+fn a_one_mib_message_is_delivered() {
+    let dir = tmp("big");
+    let Some(broker) = mosquitto(&dir.join("broker")) else {
+        return;
+    };
+    let url = broker.url();
+    let topic = "mintgate/test/big";
+    let mut sc = SubscriberConfig::new(url.clone(), topic);
+    sc.reorder = ReorderConfig {
+        first_seq: Some(1),
+        ..ReorderConfig::default()
+    };
+    let mut sub = Subscriber::start(sc).unwrap();
+    assert!(sub.wait_subscribed(Duration::from_secs(10)), "no SUBACK");
+    let env = mintgate_mqtt::Envelope {
+        publisher: "big".into(),
+        seq: 1,
+        ts: 0,
+        msg: "x".repeat(1 << 20),
+    };
+    mintgate_mqtt::plain::publish_raw(&url, topic, &[env.encode()], Duration::from_secs(10))
+        .expect("publishing 1 MiB");
+    let end = Instant::now() + Duration::from_secs(15);
+    let mut got = None;
+    let mut disconnects = 0;
+    while Instant::now() < end && got.is_none() {
+        match sub.recv_timeout(Duration::from_millis(200)) {
+            Some(SubEvent::Delivery(d)) => got = Some(d.env.msg.len()),
+            Some(SubEvent::Disconnected(_)) => disconnects += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(got, Some(1 << 20), "{disconnects} disconnect(s)");
+    drop(sub);
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}

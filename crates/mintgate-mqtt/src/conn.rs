@@ -196,9 +196,15 @@ pub struct ConnOptions {
     pub keep_alive: Duration,
     /// Most outgoing QoS 1/2 publishes rumqttc keeps unacknowledged.
     pub inflight: u16,
-    /// Largest packet accepted or sent, bytes.
+    /// Largest packet accepted or sent, bytes. Over MQTT 5 the broker is
+    /// told, and keeps larger messages from us; over 3.1.1 a larger one
+    /// ends the connection (and a persistent session gets it again on the
+    /// next), so the default is generous.
     pub max_packet: usize,
 }
+
+/// [`ConnOptions::max_packet`]'s default: 16 MiB.
+pub const DEFAULT_MAX_PACKET: usize = 16 << 20;
 
 impl ConnOptions {
     /// Defaults for `client_id`: clean session, 5 s keep-alive, inflight 1.
@@ -208,7 +214,7 @@ impl ConnOptions {
             clean_session: true,
             keep_alive: Duration::from_secs(5),
             inflight: 1,
-            max_packet: 256 * 1024,
+            max_packet: DEFAULT_MAX_PACKET,
         }
     }
 }
