@@ -261,6 +261,40 @@ impl MqttSection {
             if self.command[..i].iter().any(|o| o.topic == c.topic) {
                 return v("mqtt.command", why("the topic is given twice".into()));
             }
+            // a topic the bridges publish to would feed the actuator its
+            // own echo (the start checks the same, for devices added in code)
+            let echoed = self
+                .publish_devices
+                .then(|| {
+                    devices.iter().find(|d| {
+                        let dir = if d.kind.is_actuator() {
+                            "actuators"
+                        } else {
+                            "sensors"
+                        };
+                        c.topic == format!("{}{dir}/{}", self.topic_prefix, d.name)
+                    })
+                })
+                .flatten()
+                .map(|d| d.name.as_str())
+                .or_else(|| {
+                    self.publish
+                        .iter()
+                        .find(|p| p.topic == c.topic)
+                        .map(|p| p.device.as_str())
+                });
+            if let Some(d) = echoed {
+                return v(
+                    "mqtt.command",
+                    why(format!("the topic is also where device `{d}` is published")),
+                );
+            }
+            if self.observe.iter().any(|o| o.topic == c.topic) {
+                return v(
+                    "mqtt.command",
+                    why("the topic is also an [[mqtt.observe]] topic".into()),
+                );
+            }
         }
         for (i, o) in self.observe.iter().enumerate() {
             let why = |w: String| format!("entry {} (uri {:?}): {w}", i + 1, o.uri);
@@ -983,6 +1017,15 @@ impl Config {
                 key: "directpath.links",
                 why: format!("mqtt({topic}): {e}"),
             })?;
+            if self.mqtt.command.iter().any(|c| c.topic == topic.trim()) {
+                return Err(ConfigError::Value {
+                    key: "directpath.links",
+                    why: format!(
+                        "mqtt({topic}): also an [[mqtt.command]] topic (the actuator would be \
+                         fed this output)"
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -1270,6 +1313,21 @@ accept = "json"
                 "entry 2 (topic \"c\"): the topic is given twice",
             ),
             (
+                "[[mqtt.command]]\ntopic = \"mintgate/actuators/led0\"\ndevice = \"led0\"",
+                "mqtt.command",
+                "also where device `led0` is published",
+            ),
+            (
+                "[[mqtt.publish]]\ndevice = \"temp0\"\ntopic = \"t\"\n[[mqtt.command]]\ntopic = \"t\"\ndevice = \"led0\"",
+                "mqtt.command",
+                "also where device `temp0` is published",
+            ),
+            (
+                "[[mqtt.observe]]\nuri = \"coap://h/x\"\ntopic = \"o\"\n[[mqtt.command]]\ntopic = \"o\"\ndevice = \"led0\"",
+                "mqtt.command",
+                "also an [[mqtt.observe]] topic",
+            ),
+            (
                 "[[mqtt.observe]]\nuri = \"http://h/x\"\ntopic = \"t\"",
                 "mqtt.observe",
                 "unsupported scheme",
@@ -1288,6 +1346,15 @@ accept = "json"
             let e = Config::from_toml(toml).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains(why), "{toml}: {e}");
         }
+        // a direct-path mqtt(TOPIC) output that is also a command topic:
+        // known once the links resolve (what serve checks)
+        let c = Config::from_toml(
+            "[mqtt]\nenabled = true\n[[mqtt.command]]\ntopic = \"x/y\"\ndevice = \"led0\"\n\
+             [directpath]\nlinks = [\"temp0 | threshold(25, 23) -> mqtt(x/y)\"]",
+        )
+        .unwrap();
+        let e = c.validate_to_start().unwrap_err().to_string();
+        assert!(e.contains("also an [[mqtt.command]] topic"), "{e}");
         // unknown keys are refused by name, in the section and its entries
         for (toml, word) in [
             ("[mqtt]\nbrokr = \"x\"", "brokr"),
