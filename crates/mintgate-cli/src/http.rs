@@ -265,7 +265,11 @@ fn print_timing(i: u32, r: &Exchange) {
         } else {
             ""
         },
-        if r.early_data { ", 0-RTT" } else { "" },
+        match (r.early_data, r.too_early_retried) {
+            (true, _) => ", 0-RTT",
+            (false, true) => ", 425 Too Early to 0-RTT, sent again after the handshake",
+            _ => "",
+        },
     );
 }
 

@@ -87,6 +87,11 @@ pub struct Exchange {
     /// HTTP/3: the request went as 0-RTT early data and the server accepted
     /// it.
     pub early_data: bool,
+    /// HTTP/3: the request went as early data, the server answered 425 Too
+    /// Early (it serves only safe methods from early data), and it was sent
+    /// again once the handshake was done (RFC 8470 4.2); the status is the
+    /// second answer's.
+    pub too_early_retried: bool,
 }
 
 impl Exchange {
@@ -241,6 +246,7 @@ impl HttpClient {
             accepted = self.connect().await?;
         }
         let mut early = accepted.is_some();
+        let mut too_early_retried = false;
         let connect = if fresh {
             start.elapsed()
         } else {
@@ -277,6 +283,16 @@ impl HttpClient {
             Conn::H3(s, conn) => {
                 let req = rb.body(())?;
                 match h3_round_trip(s, req.clone(), body.clone()).await {
+                    Ok(r) if early && r.0 == StatusCode::TOO_EARLY => {
+                        // RFC 8470 4.2: send it again once the handshake
+                        // is done, on the same connection.
+                        if let Some(acc) = accepted.take() {
+                            let _ = tokio::time::timeout(self.opts.timeout, acc).await;
+                        }
+                        early = false;
+                        too_early_retried = true;
+                        h3_round_trip(s, req, body).await?
+                    }
                     Ok(r) => r,
                     Err(e) if early => {
                         // Early data rejected (or lost with the connection
@@ -323,6 +339,7 @@ impl HttpClient {
             connect,
             new_connection: fresh,
             early_data: early,
+            too_early_retried,
         })
     }
 
@@ -462,6 +479,7 @@ impl StreamHandle {
             connect: Duration::ZERO,
             new_connection: false,
             early_data: false,
+            too_early_retried: false,
         })
     }
 }
