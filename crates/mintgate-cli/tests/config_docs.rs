@@ -316,3 +316,20 @@ fn print_config_checks_every_section() {
     assert!(err.contains("MINTGATE_PSK_KEY"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A config error says its cause once (not "cause: cause").
+#[test]
+fn a_config_error_says_its_cause_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args([
+            "serve",
+            "--print-config",
+            "-c",
+            "/nonexistent/mintgate.toml",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}

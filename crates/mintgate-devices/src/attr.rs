@@ -43,7 +43,7 @@ pub struct AttrFile {
 fn io(what: &str, path: &Path, source: std::io::Error) -> DeviceError {
     DeviceError::Io {
         what: format!("{what} {}", path.display()),
-        source,
+        cause: source,
     }
 }
 

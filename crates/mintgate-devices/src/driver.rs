@@ -23,12 +23,13 @@ pub enum Direction {
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     /// An I/O error from the device file.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Io {
         /// What was being done, with the path.
         what: String,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, not a separate source: a chain of
+        /// errors would say it twice).
+        cause: std::io::Error,
     },
     /// The device file did not hold a number.
     #[error("{path}: `{text}` is not a number")]
@@ -103,7 +104,7 @@ impl Running {
             .spawn(move || body(s))
             .map_err(|source| DeviceError::Io {
                 what: format!("starting thread {name}"),
-                source,
+                cause: source,
             })?;
         Ok(Running {
             stop,

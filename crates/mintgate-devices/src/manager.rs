@@ -428,7 +428,7 @@ impl DeviceManager {
     ) -> Result<DeviceManager, DeviceError> {
         let dp = DirectPath::start(dp).map_err(|source| DeviceError::Io {
             what: "starting the direct path worker".into(),
-            source,
+            cause: source,
         })?;
         let devices: DeviceMap = Arc::default();
         let flusher = match &store {

@@ -217,7 +217,7 @@ impl std::str::FromStr for Signal {
 pub fn read_replay(path: &std::path::Path) -> Result<Vec<f64>, DeviceError> {
     let text = std::fs::read_to_string(path).map_err(|source| DeviceError::Io {
         what: format!("reading {}", path.display()),
-        source,
+        cause: source,
     })?;
     let values: Vec<f64> = text
         .lines()

@@ -28,7 +28,7 @@ pub struct Store {
 fn io(what: &str, p: &Path, source: std::io::Error) -> DeviceError {
     DeviceError::Io {
         what: format!("{what} {}", p.display()),
-        source,
+        cause: source,
     }
 }
 

@@ -136,12 +136,13 @@ pub enum DtlsError {
     #[error("{0}")]
     Config(String),
     /// OpenSSL refused something (a file it cannot read, a cipher list).
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Ssl {
         /// What was being done.
         context: String,
-        /// OpenSSL's error stack.
-        source: openssl::error::ErrorStack,
+        /// OpenSSL's error stack (in the message, not a separate source: a
+        /// chain of errors would say it twice).
+        cause: openssl::error::ErrorStack,
     },
     /// The handshake failed (wrong key, untrusted certificate, an alert).
     #[error("DTLS handshake failed: {0}")]
@@ -158,9 +159,9 @@ pub enum DtlsError {
 }
 
 pub(crate) fn ssl_err(context: &str) -> impl FnOnce(openssl::error::ErrorStack) -> DtlsError + '_ {
-    move |source| DtlsError::Ssl {
+    move |cause| DtlsError::Ssl {
         context: context.to_string(),
-        source,
+        cause,
     }
 }
 

@@ -12,20 +12,21 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {cause}")]
     Read {
         /// The file.
         path: String,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, not a separate source, so that a
+        /// chain of errors does not say it twice).
+        cause: std::io::Error,
     },
     /// The TOML is malformed or has unknown keys or wrong types.
-    #[error("invalid config file {path}: {source}")]
+    #[error("invalid config file {path}: {cause}")]
     Parse {
         /// The file.
         path: String,
         /// What is wrong, with line and column.
-        source: toml::de::Error,
+        cause: toml::de::Error,
     },
     /// A value is out of range.
     #[error("invalid config value {key}: {why}")]
@@ -842,21 +843,21 @@ impl Config {
     /// flags, a key from the environment) and then calls
     /// [`Config::validate`].
     pub fn read(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
             path: path.display().to_string(),
-            source,
+            cause,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        toml::from_str(&text).map_err(|cause| ConfigError::Parse {
             path: path.display().to_string(),
-            source,
+            cause,
         })
     }
 
     /// Parses TOML text (for tests and embedded configs).
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+        let cfg: Config = toml::from_str(text).map_err(|cause| ConfigError::Parse {
             path: "<text>".into(),
-            source,
+            cause,
         })?;
         cfg.validate()?;
         Ok(cfg)
@@ -986,6 +987,25 @@ impl Config {
             || self.vta.w_s <= 0.0
         {
             return v("vta", "n, max_threads and w_s must be positive".into());
+        }
+        let most = crate::pipeline::MAX_HTP_THREADS;
+        if self.vta.max_threads > most {
+            return v(
+                "vta.max_threads",
+                format!("{} is over {most}", self.vta.max_threads),
+            );
+        }
+        if self.pipeline.threads > most {
+            return v(
+                "pipeline.threads",
+                format!("{} is over {most}", self.pipeline.threads),
+            );
+        }
+        if self.pipeline.observer_samples < 10 {
+            return v(
+                "pipeline.observer_samples",
+                format!("{} is under 10", self.pipeline.observer_samples),
+            );
         }
         let t = self.vta.trial_util;
         if t.is_nan() || t < 0.0 {
@@ -1211,6 +1231,18 @@ bearer_tokens = ["s3cret-bearer"]
             .unwrap_err()
             .to_string();
         assert!(e.contains("vta.trial_util"), "{e}");
+        // the documented bounds
+        for (toml, key) in [
+            ("[vta]\nmax_threads = 1000\n", "vta.max_threads"),
+            ("[pipeline]\nthreads = 100000\n", "pipeline.threads"),
+            (
+                "[pipeline]\nobserver_samples = 3\n",
+                "pipeline.observer_samples",
+            ),
+        ] {
+            let e = Config::from_toml(toml).unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
         let c = Config::from_toml("[coap]\nbind = [\"127.0.0.1:7000\"]\n[pipeline]\nthreads = 3\n")
             .unwrap();
         assert_eq!(c.threads(), 3);

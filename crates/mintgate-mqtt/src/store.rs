@@ -40,12 +40,12 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 /// A store error, with what was being done.
 #[derive(Debug, thiserror::Error)]
-#[error("publish queue store {path}: {what}: {source}")]
+#[error("publish queue store {path}: {what}: {cause}")]
 pub struct StoreError {
     path: String,
     what: &'static str,
-    #[source]
-    source: Box<dyn std::error::Error + Send + Sync>,
+    /// In the message, not a separate source: a chain would say it twice.
+    cause: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl StoreError {
@@ -54,7 +54,7 @@ impl StoreError {
         StoreError {
             path: String::from("-"),
             what,
-            source: msg.into(),
+            cause: msg.into(),
         }
     }
 }
@@ -196,19 +196,19 @@ impl RedbStore {
             move |e: redb::Error| StoreError {
                 path: p,
                 what,
-                source: Box::new(e),
+                cause: Box::new(e),
             }
         };
         std::fs::create_dir_all(dir).map_err(|e| StoreError {
             path: dir.display().to_string(),
             what: "creating the state folder",
-            source: Box::new(e),
+            cause: Box::new(e),
         })?;
         let db = Database::create(&path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError {
                 path: path.display().to_string(),
                 what: "opening",
-                source: "the queue is in use by another process (one publisher per --state folder)"
+                cause: "the queue is in use by another process (one publisher per --state folder)"
                     .into(),
             },
             e => err("opening")(e.into()),
@@ -276,7 +276,7 @@ impl RedbStore {
                 let m = decode_record(seq, v.value()).ok_or_else(|| StoreError {
                     path: path.display().to_string(),
                     what: "reading messages",
-                    source: format!("record {seq} is corrupt").into(),
+                    cause: format!("record {seq} is corrupt").into(),
                 })?;
                 unacked.push(m);
             }
@@ -354,7 +354,7 @@ fn at<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(redb::Error) -> Sto
     move |e| StoreError {
         path: path.display().to_string(),
         what,
-        source: Box::new(e),
+        cause: Box::new(e),
     }
 }
 
