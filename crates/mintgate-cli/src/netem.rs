@@ -41,8 +41,8 @@ pub struct NetemArgs {
     /// Uniform jitter around the delay: `10` (ms), `10ms` or `500us`.
     #[arg(long, default_value = "0", value_parser = parse_ms)]
     jitter: Duration,
-    /// Mean length of loss bursts (Gilbert-Elliott); 1 = independent losses.
-    #[arg(long, default_value_t = 1.0)]
+    /// Mean length of loss bursts (Gilbert-Elliott), at least 1; 1 = independent losses.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_burst)]
     burst: f64,
     /// Seed of the loss and jitter draws (runs with the same seed drop the
     /// same datagrams of the same sequence).
@@ -51,6 +51,13 @@ pub struct NetemArgs {
     /// Stop after this long (e.g. 30s); default: until Ctrl-C.
     #[arg(long, value_parser = mintgate_gateway::config::parse_duration)]
     duration: Option<Duration>,
+}
+
+fn parse_burst(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v >= 1.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a mean burst length of at least 1")),
+    }
 }
 
 fn parse_pct(s: &str) -> Result<f64, String> {
@@ -164,12 +171,19 @@ fn wait(duration: Option<Duration>, set: &libc::sigset_t, report: impl Fn()) {
 }
 
 pub fn run(a: NetemArgs) -> anyhow::Result<ExitCode> {
+    if a.forward == a.listen {
+        return Err(crate::UsageError(format!(
+            "--forward {} is --listen: the relay would send to itself",
+            a.forward
+        ))
+        .into());
+    }
     if a.tcp {
         return run_tcp(a);
     }
     let imp = Impairment {
         loss: a.loss,
-        burst: a.burst.max(1.0),
+        burst: a.burst,
         delay: a.delay,
         jitter: a.jitter,
     };

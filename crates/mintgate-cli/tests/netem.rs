@@ -156,3 +156,33 @@ fn tcp_relay_delays_each_way_and_refuses_loss() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--tcp models delay only"), "{err}");
 }
+
+/// Arguments that cannot work are usage errors, not a relay that loops or
+/// a loss model that divides by zero.
+#[test]
+fn a_relay_to_itself_and_bursts_under_one_are_refused() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mintgate"))
+            .arg("netem")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "--listen",
+        "127.0.0.1:25800",
+        "--forward",
+        "127.0.0.1:25800",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("send to itself"));
+    let o = run(&[
+        "--listen",
+        "127.0.0.1:25800",
+        "--forward",
+        "127.0.0.1:25801",
+        "--burst",
+        "0",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}
