@@ -196,8 +196,9 @@ pub fn process_request(
         } else {
             let filter = req.query().next();
             let doc = router.well_known_core(filter);
-            rb.content_format(ContentFormat::LINK_FORMAT)
-                .write(doc.as_bytes());
+            rb.content_format(ContentFormat::LINK_FORMAT);
+            // block-wise when asked for, or when larger than a block
+            block::respond_block2(req, &mut rb, doc.as_bytes(), max_payload.clamp(16, 1024));
         }
     } else {
         match router.find(req) {

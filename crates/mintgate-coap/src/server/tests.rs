@@ -193,6 +193,29 @@ fn accept_outside_a_resources_ct_is_not_acceptable() {
 }
 
 #[test]
+fn well_known_core_goes_block_wise_when_asked() {
+    // Block2 num 0, szx 0: 16-byte blocks
+    let out = answer(&req(
+        MessageType::Con,
+        Code::GET,
+        10,
+        b"t",
+        "/.well-known/core",
+        &[(23, &[0x00])],
+        b"",
+    ))
+    .unwrap();
+    let p = Packet::new_checked(&out[..]).unwrap();
+    assert_eq!(p.code(), Code::CONTENT);
+    assert_eq!(p.payload().len(), 16);
+    let b2 = p
+        .option(OptionNumber::BLOCK2)
+        .and_then(|o| o.uint())
+        .unwrap();
+    assert_eq!(b2 & 0x08, 0x08, "more blocks follow");
+}
+
+#[test]
 fn non_get_gets_non_response_with_fresh_mid() {
     let out = answer(&req(
         MessageType::Non,
