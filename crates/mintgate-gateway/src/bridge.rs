@@ -264,15 +264,7 @@ fn parse_value_text(payload: &[u8]) -> Result<f64, String> {
     if text.starts_with('{') {
         let v: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| format!("the payload is not valid JSON: {e}"))?;
-        return match v.get("value") {
-            Some(serde_json::Value::Number(n)) => n
-                .as_f64()
-                .filter(|f| f.is_finite())
-                .ok_or_else(|| "`value` is not a finite number".to_string()),
-            Some(serde_json::Value::Bool(b)) => Ok(if *b { 1.0 } else { 0.0 }),
-            Some(serde_json::Value::String(s)) => parse_put(s.as_bytes()),
-            _ => Err("a JSON command needs a numeric `value`".into()),
-        };
+        return crate::devices::json_value(&v, &["value"]);
     }
     parse_put(payload)
 }

@@ -87,21 +87,31 @@ pub fn parse_put(payload: &[u8]) -> Result<f64, String> {
 
 /// What a PUT to an actuator carries, by its Content-Format: text (see
 /// [`parse_put`]), or JSON (50): the device's own representation
-/// `{"v": 2}` (other members ignored) or `{"value": 2}`, a number or a
-/// boolean.
+/// `{"v": 2}` (other members ignored) or `{"value": 2}`, a number, a
+/// boolean or text as [`parse_put`] takes it.
 pub fn parse_put_as(cf: Option<ContentFormat>, payload: &[u8]) -> Result<f64, String> {
     if cf != Some(ContentFormat::JSON) {
         return parse_put(payload);
     }
     let v: serde_json::Value =
         serde_json::from_slice(payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
-    match v.get("v").or_else(|| v.get("value")) {
+    json_value(&v, &["v", "value"])
+}
+
+/// The value under the first of `keys` that `obj` has: a finite number, a
+/// boolean (1 or 0) or text as [`parse_put`] takes it.
+pub(crate) fn json_value(obj: &serde_json::Value, keys: &[&str]) -> Result<f64, String> {
+    match keys.iter().find_map(|k| obj.get(*k)) {
         Some(serde_json::Value::Number(n)) => n
             .as_f64()
             .filter(|f| f.is_finite())
-            .ok_or_else(|| "the value is not a finite number".to_string()),
+            .ok_or_else(|| format!("`{}` is not a finite number", keys[0])),
         Some(serde_json::Value::Bool(b)) => Ok(if *b { 1.0 } else { 0.0 }),
-        _ => Err("expected a JSON object with a numeric `v` (or `value`)".into()),
+        Some(serde_json::Value::String(s)) => parse_put(s.as_bytes()),
+        _ => Err(format!(
+            "a JSON object with a numeric `{}` is needed",
+            keys.join("` or `")
+        )),
     }
 }
 
