@@ -70,7 +70,11 @@ impl<'a> Request<'a> {
 
     /// The Content-Format asked for in the answer (Accept), if given.
     pub fn accept(&self) -> Option<ContentFormat> {
-        self.option(OptionNumber::ACCEPT)
+        // options are in ascending order: stop past Accept (17)
+        self.packet
+            .options()
+            .take_while(|o| o.number <= OptionNumber::ACCEPT)
+            .find(|o| o.number == OptionNumber::ACCEPT)
             .and_then(|o| o.uint())
             .map(|v| ContentFormat(v as u16))
     }
