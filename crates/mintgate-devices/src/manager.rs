@@ -71,8 +71,15 @@ impl Device {
         self.driver.read()
     }
 
-    /// Writes an actuator and records the value.
+    /// Writes an actuator and records the value; a value that is not finite
+    /// is refused (no driver, history or representation can carry it).
     pub fn write(&self, value: f64) -> Result<(), DeviceError> {
+        if !value.is_finite() {
+            return Err(DeviceError::Config {
+                name: self.spec.name.clone(),
+                why: format!("{value} is not a finite value"),
+            });
+        }
         self.driver.write(value)?;
         self.record(value);
         Ok(())
@@ -156,6 +163,12 @@ fn cfg_err(spec: &DeviceSpec, why: impl Into<String>) -> DeviceError {
         name: spec.name.clone(),
         why: why.into(),
     }
+}
+
+/// Why an actuator cannot be a link's input: its writes are no events on
+/// the direct path (and a link from one actuator to another could loop).
+fn not_an_input(name: &str) -> String {
+    format!("`{name}` is an actuator: a link's input must be a sensor")
 }
 
 fn period(spec: &DeviceSpec) -> Result<Option<Duration>, DeviceError> {
@@ -316,8 +329,10 @@ pub fn check_links(
     for l in &dp.links {
         let spec = parse_link(l)?;
         let err = |why: String| link_err(l, why);
-        if !kinds.contains_key(spec.input.as_str()) {
-            return Err(err(format!("no device named `{}`", spec.input)));
+        match kinds.get(spec.input.as_str()) {
+            None => return Err(err(format!("no device named `{}`", spec.input))),
+            Some(k) if k.is_actuator() => return Err(err(not_an_input(&spec.input))),
+            Some(_) => {}
         }
         for o in &spec.outputs {
             match o {
@@ -608,6 +623,9 @@ impl DeviceManager {
         let dev = self
             .get(input)
             .ok_or_else(|| format!("no device named `{input}`"))?;
+        if dev.direction() == Direction::Actuator {
+            return Err(not_an_input(input));
+        }
         if outputs.is_empty() {
             return Err("a link needs at least one output".into());
         }
@@ -1017,6 +1035,12 @@ mod tests {
                 ok_devices.clone(),
                 vec!["s -> actuator(b)"],
                 Some("no device named `b`"),
+            ),
+            (
+                "an actuator as input",
+                ok_devices.clone(),
+                vec!["a -> log"],
+                Some("input must be a sensor"),
             ),
             (
                 "to a sensor",

@@ -551,14 +551,23 @@ impl MqttBridge {
                 publish_loop(&rx, &stop, &m, &p, &c)
             })?);
         }
-        // the direct path's mqtt(TOPIC) output
+        // the direct path's mqtt(TOPIC) output; not to a command topic (the
+        // actuator would be fed this output), for links added at run time
+        // too (the config check covers the file's)
         {
             let hub = hub.clone();
+            let command_topics: Vec<String> = commands.keys().cloned().collect();
             manager.directpath().register_output_kind(
                 "mqtt",
                 Arc::new(move |arg: &str| -> Result<Arc<dyn OutputSink>, String> {
                     let topic = arg.trim();
                     check_topic(topic).map_err(|e| format!("mqtt({arg}): {e}"))?;
+                    if command_topics.iter().any(|c| c == topic) {
+                        return Err(format!(
+                            "mqtt({arg}): also an [[mqtt.command]] topic (the actuator would \
+                             be fed this output)"
+                        ));
+                    }
                     Ok(Arc::new(MqttOut {
                         topic: topic.into(),
                         hub: hub.clone(),

@@ -239,7 +239,10 @@ fn commands_drive_the_actuator_and_malformed_ones_are_counted() {
     let state = tmp("cmd");
     let mut c = config(
         &broker.url().to_string(),
-        vec![DeviceSpec::new("lamp", DeviceKind::SimActuator)],
+        vec![
+            DeviceSpec::new("lamp", DeviceKind::SimActuator),
+            replay_sensor("knob", 1, "1s"),
+        ],
         &state,
     );
     let cmd = format!("{}cmd/lamp", c.mqtt.topic_prefix);
@@ -250,6 +253,14 @@ fn commands_drive_the_actuator_and_malformed_ones_are_counted() {
     let rig = Rig::start(&c);
     let b = rig.bridge();
     assert!(b.wait_commands_subscribed(Duration::from_secs(10)));
+    // a link added at run time may not publish to the command topic (the
+    // actuator would be fed its output)
+    let e = rig
+        .host
+        .manager()
+        .add_link(&format!("knob -> mqtt({cmd})"))
+        .unwrap_err();
+    assert!(e.contains("also an [[mqtt.command]] topic"), "{e}");
     // the actuator's writes are published too
     let mut echo = subscribe(
         &broker.url(),

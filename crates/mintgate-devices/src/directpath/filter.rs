@@ -6,7 +6,7 @@
 //! | `threshold(HIGH, LOW)` | 1 when the value rises to HIGH or above, 0 when it falls to LOW or below; nothing in between (hysteresis); LOW <= HIGH |
 //! | `cov(DELTA)` | the first value, then a value that differs by DELTA or more from the last one passed |
 //! | `rate(INTERVAL)` | at most one value per INTERVAL (by the time the value was sensed) |
-//! | `expr(E)` | the value of the expression E over `x` (see [`super::expr`]); a NaN result is dropped |
+//! | `expr(E)` | the value of the expression E over `x` (see [`super::expr`]); a result that is not finite (NaN, ±inf) is dropped |
 //!
 //! A Rust callback ([`Filter::callback`]) can stand anywhere in the chain.
 
@@ -225,7 +225,7 @@ impl Filter {
                     Some(p) => p.eval(value),
                     None => e.eval(value),
                 };
-                (!v.is_nan()).then_some(v)
+                v.is_finite().then_some(v)
             }
         }
     }
@@ -308,6 +308,12 @@ mod tests {
         );
         assert_eq!(run("expr(x * 2 + 1)", &at(&[1.0])), vec![Some(3.0)]);
         assert_eq!(run("expr(sqrt(x))", &at(&[-1.0])), vec![None]);
+        // no infinity reaches an output either (a PUT refuses it too)
+        assert_eq!(run("expr(x / 0)", &at(&[1.0, -1.0])), vec![None, None]);
+        assert_eq!(
+            run("expr(1e308 * x)", &at(&[10.0, 0.5])),
+            vec![None, Some(5e307)]
+        );
     }
 
     #[test]
