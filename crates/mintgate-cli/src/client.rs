@@ -78,11 +78,12 @@ pub struct RequestArgs {
     uri: String,
     #[command(flatten)]
     dtls: DtlsArgs,
-    /// Request payload, as given.
+    /// Request payload, as given (may start with '-': `-e -3.5`).
     #[arg(
         short = 'e',
         long,
         value_name = "TEXT",
+        allow_hyphen_values = true,
         conflicts_with = "payload_file"
     )]
     payload: Option<String>,

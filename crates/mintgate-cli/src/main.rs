@@ -183,6 +183,15 @@ mod tests {
         assert!(
             super::Cli::try_parse_from(["mintgate", "serve", "--stats-every", "soon"]).is_err()
         );
+        // a payload may be a negative number
+        assert!(super::Cli::try_parse_from([
+            "mintgate",
+            "put",
+            "coap://127.0.0.1/actuators/led0",
+            "-e",
+            "-3.5"
+        ])
+        .is_ok());
     }
 
     #[test]

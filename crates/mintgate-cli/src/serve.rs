@@ -171,9 +171,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if !a.coaps.is_empty() {
         cfg.coaps.bind = a.coaps.clone();
     }
-    if a.psk_identity.is_some() {
-        cfg.coaps.psk_identity = a.psk_identity.clone();
+    if let Some(id) = &a.psk_identity {
+        cfg.coaps.psk_identity = Some(id.clone());
         cfg.coaps.psk_key = a.psk_key.clone();
+        // the flag gives this identity's key: it replaces one in the file
+        cfg.coaps.psk_keys.remove(id);
     }
     if cfg.coaps.psk_identity.is_some() && cfg.coaps.psk_key.is_none() {
         cfg.coaps.psk_key = crate::psk_key_or_env(None);

@@ -406,3 +406,37 @@ fn proxy_reads_a_gateway_file_whose_psk_key_is_in_the_variable() {
     );
     let _ = std::fs::remove_file(&f);
 }
+
+/// serve --psk-identity ID --psk-key K replaces ID's key from the file's
+/// psk_keys: the new key works, the old one no longer does.
+#[test]
+fn a_key_on_the_command_line_replaces_the_files() {
+    let f = std::env::temp_dir().join(format!("mintgate-psk-override-{}.toml", std::process::id()));
+    std::fs::write(&f, "[coaps]\npsk_keys = { \"sensor-2\" = \"old-key\" }\n").unwrap();
+    let (_srv, port) = serve(&[
+        "--config",
+        f.to_str().unwrap(),
+        "--psk-identity",
+        "sensor-2",
+        "--psk-key",
+        "new-key",
+    ]);
+    let uri = format!("coaps://127.0.0.1:{port}/request");
+    let get = |key: &str| {
+        mintgate(&[
+            "get",
+            "--timeout",
+            "3s",
+            "--psk-identity",
+            "sensor-2",
+            "--psk-key",
+            key,
+            &uri,
+        ])
+    };
+    let new = get("new-key");
+    assert!(new.status.success(), "{:?}", text(&new));
+    let old = get("old-key");
+    assert!(!old.status.success(), "the file's old key still works");
+    let _ = std::fs::remove_file(&f);
+}

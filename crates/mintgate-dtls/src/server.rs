@@ -32,8 +32,8 @@ pub struct ServerSettings {
     pub psk: Vec<Psk>,
     /// Certificate, key and optional client CA (certificate mode, 9.1.3.3).
     pub certs: CertFiles,
-    /// With a client CA: refuse clients without a valid certificate (else a
-    /// client may still use a PSK).
+    /// With a client CA: refuse clients without a valid certificate,
+    /// pre-shared-key clients included (else a client may still use a PSK).
     pub require_client_cert: bool,
     /// Largest datagram the server's records may take.
     pub mtu: u32,
@@ -238,7 +238,11 @@ impl DtlsServer {
         b.set_mode(SslMode::RELEASE_BUFFERS);
         b.set_options(SslOptions::COOKIE_EXCHANGE | SslOptions::CIPHER_SERVER_PREFERENCE);
         load_certs(&mut b, &settings.certs, settings.require_client_cert)?;
-        if !settings.psk.is_empty() {
+        // A PSK handshake carries no client certificate, so OpenSSL's
+        // FAIL_IF_NO_PEER_CERT does not stop it: where a client certificate
+        // is required, pre-shared keys are not served at all.
+        let certs_only = settings.require_client_cert && settings.certs.ca.is_some();
+        if !settings.psk.is_empty() && !certs_only {
             let keys: HashMap<Vec<u8>, Vec<u8>> = settings
                 .psk
                 .iter()

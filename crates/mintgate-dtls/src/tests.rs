@@ -224,6 +224,38 @@ fn certificates_both_ways_and_name_check() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A server that requires client certificates refuses pre-shared-key
+/// clients too, though it has keys; without the requirement they come in.
+#[test]
+fn a_required_client_certificate_refuses_psk_clients() {
+    let dir = std::env::temp_dir().join(format!("mintgate-dtls-pki-psk-{}", std::process::id()));
+    let pki = crate::pki::generate(&dir, "sensor-8").unwrap();
+    let with = |require| {
+        Echo::start(ServerSettings {
+            psk: vec![psk("sensor-1", "change-me")],
+            certs: pki.server_files(),
+            require_client_cert: require,
+            ..ServerSettings::default()
+        })
+    };
+    let as_psk = || ClientSettings {
+        psk: Some(psk("sensor-1", "change-me")),
+        ..ClientSettings::default()
+    };
+    let strict = with(true);
+    let e = connect_within(strict.addr, as_psk(), Duration::from_secs(3))
+        .err()
+        .expect("a PSK client must be refused where a certificate is required");
+    assert!(
+        matches!(e, DtlsError::Handshake(_) | DtlsError::Timeout),
+        "{e}"
+    );
+    let lax = with(false);
+    let mut c = connect(lax.addr, as_psk()).unwrap();
+    assert_eq!(roundtrip(&mut c, b"hi"), "echo[sensor-1]:hi");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn junk_is_dropped_and_counted_and_the_table_is_bounded() {
     let srv = Echo::start(ServerSettings {

@@ -1029,6 +1029,14 @@ impl Config {
     /// devices or output kinds of its own checks with `validate` alone.
     pub fn validate_to_start(&self) -> Result<(), ConfigError> {
         self.validate()?;
+        if self.access.write == crate::access::WriteMode::Dtls && !self.coaps.enabled() {
+            return Err(ConfigError::Value {
+                key: "access.write",
+                why: "\"dtls\" needs a coaps listener (coaps.bind): without one no write \
+                      could ever be allowed"
+                    .into(),
+            });
+        }
         let kinds: &[&str] = if self.mqtt.enabled { &["mqtt"] } else { &[] };
         let custom = mintgate_devices::manager::check_links(&self.devices, &self.directpath, kinds)
             .map_err(|e| self.device_error(e))?;
@@ -1202,6 +1210,44 @@ bearer_tokens = ["s3cret-bearer"]
             "{shown}"
         );
         assert_eq!(c.to_toml().matches("s3cret").count(), 4);
+    }
+
+    #[test]
+    fn coaps_keys_and_dtls_writes_are_checked() {
+        let coaps = "[coaps]\nbind = [\"127.0.0.1:5684\"]\n";
+        let err = |toml: &str| {
+            let c = Config::from_toml(toml).and_then(|c| {
+                c.validate_to_start()?;
+                c.coaps.settings()
+            });
+            c.err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        // one identity given twice: which key would win is not clear
+        let e = err(&format!(
+            "{coaps}psk_identity = \"x\"\npsk_key = \"k1\"\n[coaps.psk_keys]\nx = \"k2\""
+        ));
+        assert!(
+            e.contains("coaps.psk_keys") && e.contains("give its key once"),
+            "{e}"
+        );
+        // a key of the wrong length is named as the key
+        let long = "k".repeat(65);
+        let e = err(&format!(
+            "{coaps}psk_identity = \"x\"\npsk_key = \"{long}\""
+        ));
+        assert!(e.contains("coaps.psk_key:"), "{e}");
+        // writes by DTLS identity with no coaps listener: none could pass
+        let e = err("[access]\nwrite = \"dtls\"\n");
+        assert!(
+            e.contains("access.write") && e.contains("coaps listener"),
+            "{e}"
+        );
+        assert_eq!(
+            err(&format!(
+                "{coaps}psk_identity = \"x\"\npsk_key = \"k\"\n[access]\nwrite = \"dtls\"\n"
+            )),
+            ""
+        );
     }
 
     #[test]

@@ -83,7 +83,22 @@ impl CoapsSection {
         match (&self.psk_identity, &self.psk_key) {
             (Some(id), Some(k)) => {
                 let key = parse_key(k).map_err(|e| v("coaps.psk_key", e.to_string()))?;
-                psk.push(Psk::new(id, key).map_err(|e| v("coaps.psk_identity", e.to_string()))?);
+                let key_len = key.len();
+                psk.push(Psk::new(id, key).map_err(|e| {
+                    // name the key whose value is wrong
+                    let which = if key_len == 0 || key_len > mintgate_dtls::MAX_KEY_LEN {
+                        "coaps.psk_key"
+                    } else {
+                        "coaps.psk_identity"
+                    };
+                    v(which, e.to_string())
+                })?);
+                if self.psk_keys.contains_key(id) {
+                    return Err(v(
+                        "coaps.psk_keys",
+                        format!("{id:?} is also coaps.psk_identity: give its key once"),
+                    ));
+                }
             }
             (None, None) => {}
             (Some(_), None) => {
