@@ -56,6 +56,9 @@ the code (e.g. \"4.04 Not Found\") also goes to stderr. --verbose adds the
 message type, code, options and round-trip time on stderr; --json prints one
 JSON object with code, type, options and payload on stdout instead.";
 
+/// How long a coaps handshake may take without --timeout.
+const DTLS_HANDSHAKE_WAIT: Duration = Duration::from_secs(15);
+
 const EXIT_CLIENT_ERROR: u8 = 3;
 const EXIT_SERVER_ERROR: u8 = 4;
 const EXIT_TIMEOUT: u8 = 5;
@@ -297,10 +300,18 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
     };
     let mut out = if secure {
         let settings = args.dtls.settings(&uri.host)?;
+        // A handshake the server does not answer (a wrong key: DTLS drops
+        // what it cannot authenticate, without an alert) is given up after
+        // 15 s unless --timeout says otherwise; a server drops an unfinished
+        // handshake sooner (mintgate: coaps.handshake_timeout_s, 10 s).
+        let handshake = match args.timeout {
+            Some(t) => t,
+            None => overall.min(DTLS_HANDSHAKE_WAIT),
+        };
         match Outbound::new_dtls(
             dest,
             settings,
-            Instant::now() + overall,
+            Instant::now() + handshake,
             config,
             rto,
             seed,
@@ -318,8 +329,13 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
             Err(OutboundError::Unreachable) => return Ok(unreachable(dest)),
             Err(OutboundError::Dtls(mintgate_dtls::DtlsError::Timeout)) => {
                 eprintln!(
-                    "mintgate: no DTLS handshake with {dest} within {}",
-                    fmt_duration(overall)
+                    "mintgate: no DTLS handshake with {dest} within {}{}",
+                    fmt_duration(handshake),
+                    if args.dtls.psk_identity.is_some() {
+                        " (a wrong pre-shared key goes unanswered)"
+                    } else {
+                        ""
+                    }
                 );
                 return Ok(ExitCode::from(EXIT_TIMEOUT));
             }
