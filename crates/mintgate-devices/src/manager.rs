@@ -165,6 +165,9 @@ fn cfg_err(spec: &DeviceSpec, why: impl Into<String>) -> DeviceError {
     }
 }
 
+/// Most values a device's history keeps (about 24 MB of CSV when read).
+pub const MAX_HISTORY: usize = 1_000_000;
+
 /// Why an actuator cannot be a link's input: its writes are no events on
 /// the direct path (and a link from one actuator to another could loop).
 fn not_an_input(name: &str) -> String {
@@ -196,6 +199,12 @@ fn period(spec: &DeviceSpec) -> Result<Option<Duration>, DeviceError> {
 pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
     if !crate::directpath::link::valid_name(&spec.name) {
         return Err(cfg_err(spec, "a name is 1-32 of A-Z a-z 0-9 _ - ."));
+    }
+    if !(1..=MAX_HISTORY).contains(&spec.history) {
+        return Err(cfg_err(
+            spec,
+            format!("history {} is outside 1..={MAX_HISTORY}", spec.history),
+        ));
     }
     let k = spec.kind;
     for (set, field, kinds) in [
@@ -1035,6 +1044,12 @@ mod tests {
                 ok_devices.clone(),
                 vec!["s -> actuator(b)"],
                 Some("no device named `b`"),
+            ),
+            (
+                "history too long",
+                with(&|s| s.history = 100_000_000),
+                vec![],
+                Some("outside 1..=1000000"),
             ),
             (
                 "an actuator as input",

@@ -270,20 +270,23 @@ pub fn links_resource(m: &DeviceManager, max_block: usize) -> Resource {
             }
         })
         .delete(move |req, rb| {
-            let id = req
+            // one link: ?id=N (several ids in one request are refused rather
+            // than half done)
+            let ids: Vec<Option<u64>> = req
                 .query()
-                .find_map(|q| q.strip_prefix("id="))
-                .and_then(|v| v.parse::<u64>().ok());
-            match id {
-                None => {
-                    rb.set_code(Code::BAD_REQUEST)
-                        .write(b"give the link as ?id=N");
-                }
-                Some(id) if d.remove_link(id) => {
+                .filter_map(|q| q.strip_prefix("id="))
+                .map(|v| v.parse::<u64>().ok())
+                .collect();
+            match ids[..] {
+                [Some(id)] if d.remove_link(id) => {
                     rb.set_code(Code::DELETED);
                 }
-                Some(_) => {
+                [Some(_)] => {
                     rb.set_code(Code::NOT_FOUND);
+                }
+                _ => {
+                    rb.set_code(Code::BAD_REQUEST)
+                        .write(b"give one link as ?id=N");
                 }
             }
         })
