@@ -436,6 +436,11 @@ mod tests {
         assert_eq!((&b[..n], from), (&b"ping"[..], r.local_addr()));
         assert!(rtt >= Duration::from_millis(80), "two 40 ms legs: {rtt:?}");
         assert_eq!(r.stats().up.forwarded.load(Relaxed), 1);
+        // counted just after the send: the answer can arrive first
+        let end = Instant::now() + Duration::from_secs(2);
+        while r.stats().down.forwarded.load(Relaxed) == 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(r.stats().down.forwarded.load(Relaxed), 1);
     }
 
