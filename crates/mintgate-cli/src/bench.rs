@@ -19,6 +19,11 @@ use serde_json::json;
 
 /// Arguments of `mintgate bench`.
 #[derive(clap::Args)]
+#[command(
+    after_help = "Exit status: 0 when every target answered, 5 when one never answered (nothing \
+listens, or everything was lost), 3 when one answered only with errors (4.xx/5.xx: the path is \
+wrong), 1 for other errors, 2 for usage errors."
+)]
 pub struct BenchArgs {
     /// The resource to GET, e.g. coap://127.0.0.1:5683/request (not with --compare).
     #[arg(required_unless_present = "compare", conflicts_with = "compare")]
@@ -50,7 +55,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     timeout: Duration,
     /// Load-generator threads, each owning a share of the clients.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::lab::at_least::<1>)]
     threads: usize,
     /// Closed loop: send each client's window as one UDP GSO train, so its
     /// requests land in the server's socket back to back (burst arrivals)
@@ -168,7 +173,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         print_comparison(&targets, &reports);
     }
 
-    let mut silent = false;
+    // exit: 5 when a target never answered (as get), 3 when it answered
+    // only with errors (nothing of the run measures the resource)
+    let (mut silent, mut only_errors) = (false, false);
     for (t, r) in targets.iter().zip(&reports) {
         if r.received == 0 {
             silent = true;
@@ -182,6 +189,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 t.spec.target, t.uri
             );
         } else if r.errors == r.received {
+            only_errors = true;
             eprintln!(
                 "mintgate bench: every response from {} was an error: does it serve GET {}?",
                 t.uri, t.spec.path
@@ -189,7 +197,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(if silent {
-        ExitCode::from(2)
+        ExitCode::from(5)
+    } else if only_errors {
+        ExitCode::from(3)
     } else {
         ExitCode::SUCCESS
     })

@@ -50,7 +50,7 @@ enum Lab {
         #[command(flatten)]
         common: Common,
         /// Largest fixed pool; the lab runs 1..=N threads [default: 8, quick: 4].
-        #[arg(long)]
+        #[arg(long, value_parser = at_least::<1>)]
         max_threads: Option<usize>,
         /// Clients at 10 requests/s each [default: 1.25x the largest pool's
         /// nominal capacity, at most 5000].
@@ -64,7 +64,7 @@ enum Lab {
         #[command(flatten)]
         common: Common,
         /// Peak offered rate of the profile, requests/s.
-        #[arg(long, default_value_t = 10_000.0)]
+        #[arg(long, default_value_t = 10_000.0, value_parser = positive_rate)]
         peak_rps: f64,
     },
     /// Paper 000 Figs. 9-10: answered requests/s against 1..10,000 clients
@@ -104,10 +104,10 @@ enum Lab {
         #[arg(long)]
         broker: Option<mintgate_mqtt::BrokerUrl>,
         /// Runs per method and broker [5; quick 2].
-        #[arg(long)]
+        #[arg(long, value_parser = at_least::<1>)]
         runs: Option<usize>,
-        /// Window of the extra windowed publish-queue method.
-        #[arg(long, default_value_t = 16)]
+        /// Window of the extra windowed publish-queue method (at least 2).
+        #[arg(long, default_value_t = 16, value_parser = at_least::<2>)]
         window: usize,
         /// The paper's client, Eclipse Paho (Java, peers/paho, built with
         /// Maven on first use), run beside ours: with Paho's default file
@@ -193,10 +193,10 @@ enum Lab {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Runs (seeds) per case [simulator: 10; --real: 1].
-        #[arg(long)]
+        #[arg(long, value_parser = at_least::<1>)]
         runs: Option<usize>,
-        /// Requests per case [1000; --real --quick: 100].
-        #[arg(long)]
+        /// Requests per case, at least 10 (reported as 10 intervals) [1000; --real --quick: 100].
+        #[arg(long, value_parser = at_least::<10>)]
         requests: Option<usize>,
         /// End to end over loopback UDP: an in-process gateway behind the
         /// impairment relay (15 ms +- 5 ms and the loss, each way). Slow:
@@ -217,13 +217,13 @@ struct CompareArgs {
     /// Measured time per step [60s; quick: 4s].
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
-    /// Client counts, comma-separated [clients: 1,10,100,500,1000,2000,3000,
-    /// 5000,7500,10000, quick: 100,1000,3000,6000; blocksize: 1000..10000
-    /// by 1000, quick: 1000,5000].
-    #[arg(long, value_delimiter = ',')]
+    /// Client counts, comma-separated (spaces allowed) [clients:
+    /// 1,10,100,500,1000,2000,3000,5000,7500,10000, quick: 100,1000,3000,6000;
+    /// blocksize: 1000..10000 by 1000, quick: 1000,5000].
+    #[arg(long, value_delimiter = ',', value_parser = at_least::<1>)]
     clients: Option<Vec<usize>>,
     /// Runs per step [3; quick: 1].
-    #[arg(long)]
+    #[arg(long, value_parser = at_least::<1>)]
     runs: Option<usize>,
     /// Pause between steps [60s; quick: 1s].
     #[arg(long, value_parser = parse_duration)]
@@ -265,8 +265,8 @@ struct ProxyLabArgs {
     /// Output folder for proxy.csv, proxy_shared.csv and proxy.svg.
     #[arg(long, default_value = "lab-out/")]
     out: PathBuf,
-    /// Requests per case [1000; quick 100].
-    #[arg(long)]
+    /// Requests per case, at least 10 (reported as 10 intervals) [1000; quick 100].
+    #[arg(long, value_parser = at_least::<10>)]
     requests: Option<usize>,
     /// Seed of the impairments.
     #[arg(long, default_value_t = 1)]
@@ -335,7 +335,7 @@ struct DtlsLabArgs {
     #[arg(long, default_value_t = 16, value_name = "W", value_parser = clap::value_parser!(u32).range(1..=256))]
     window: u32,
     /// Handler threads of the gateway (a fixed pool, the same for both).
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least::<1>)]
     threads: usize,
 }
 
@@ -366,7 +366,70 @@ impl Common {
 }
 
 /// Runs `mintgate lab ...`.
+/// A count of at least `MIN`, for the flags where fewer means nothing.
+pub(crate) fn at_least<const MIN: usize>(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= MIN => Ok(n),
+        _ => Err(format!("'{s}' is not a whole number of at least {MIN}")),
+    }
+}
+
+/// A rate above 0.
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a rate above 0")),
+    }
+}
+
+/// The processes whose parent is this one (read from `/proc`).
+fn children() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            // /proc/PID/stat: "PID (comm) STATE PPID ..."; comm may hold
+            // spaces and parentheses, so read after the last ')'
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|st| {
+                    let rest = &st[st.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1).map(|pp| pp == me)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// SIGINT and SIGTERM end a lab with the servers and peers it started
+/// (a private mosquitto, libcoap, a `mintgate serve`, Paho's JVM): they
+/// are stopped first, where otherwise a `kill` of the lab alone (not its
+/// process group, as a terminal's Ctrl-C is) would leave them running.
+/// Exits 128 + the signal.
+fn stop_children_on_signal() {
+    let set = crate::serve::block_signals();
+    let _ = std::thread::Builder::new()
+        .name("lab-signals".into())
+        .spawn(move || {
+            let sig = crate::serve::wait_for_signal(&set, Duration::from_secs(3600), || {});
+            let kids = children();
+            for &pid in &kids {
+                // SAFETY: signalling a child of ours by its pid.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            eprintln!(
+                "lab: stopped by signal {sig}; {} process(es) it started were stopped too; \
+                 results not written",
+                kids.len()
+            );
+            std::process::exit(128 + sig);
+        });
+}
+
 pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
+    stop_children_on_signal();
     let summary = match args.lab {
         Lab::All { quick, out } => return run_all(quick, out),
         Lab::Threads {

@@ -124,8 +124,13 @@ fn init_logging(flag: Option<&str>, format: LogFormat) {
             EnvFilter::new("info,rumqttd=off")
         }
     };
+    // colours only for a terminal (and not under NO_COLOR): a log file or a
+    // pipe gets plain text
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => b.init(),
@@ -182,6 +187,28 @@ mod tests {
         }
         assert!(
             super::Cli::try_parse_from(["mintgate", "serve", "--stats-every", "soon"]).is_err()
+        );
+        // counts that mean nothing are refused, not quietly replaced
+        for args in [
+            &["mintgate", "lab", "congestion", "--requests", "5"][..],
+            &["mintgate", "lab", "congestion", "--runs", "0"],
+            &["mintgate", "lab", "mqtt", "--window", "1"],
+            &["mintgate", "lab", "threads", "--max-threads", "0"],
+            &["mintgate", "lab", "vta", "--peak-rps", "0"],
+            &[
+                "mintgate",
+                "bench",
+                "coap://127.0.0.1/request",
+                "--threads",
+                "0",
+            ],
+        ] {
+            assert!(super::Cli::try_parse_from(args).is_err(), "{args:?}");
+        }
+        // the --clients default as the help prints it can be pasted
+        assert!(
+            super::Cli::try_parse_from(["mintgate", "lab", "clients", "--clients", "10, 20"])
+                .is_ok()
         );
         // a payload may be a negative number
         assert!(super::Cli::try_parse_from([

@@ -434,3 +434,103 @@ fn an_unreachable_broker_is_logged() {
     assert!(s.log_text().contains("refused"), "{}", s.log_text());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A lab stopped by SIGTERM (a plain `kill`, which reaches the lab alone,
+/// not its process group) stops the servers it started too, and exits
+/// 128 + 15.
+#[test]
+fn a_killed_lab_stops_the_servers_it_started() {
+    let dir = common::tmp_dir("lab-sigterm");
+    let mut lab = Command::new(common::BIN)
+        .args(["lab", "overload", "--quick", "--out"])
+        .arg(dir.join("out"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lab_pid = lab.id().to_string();
+    let children = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|st| {
+                        let rest = st[st.rfind(')')? + 1..].to_string();
+                        rest.split_whitespace().nth(1).map(|pp| pp == lab_pid)
+                    })
+                    .unwrap_or(false)
+            })
+            .collect()
+    };
+    // wait for the lab's `mintgate serve`
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut kids = Vec::new();
+    while kids.is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+        kids = children();
+    }
+    assert!(!kids.is_empty(), "the lab started no server");
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(lab.id() as libc::pid_t, libc::SIGTERM) };
+    let st = lab.wait().unwrap();
+    assert_eq!(st.code(), Some(143));
+    let end = Instant::now() + Duration::from_secs(10);
+    let gone = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|st| {
+                st[st.rfind(')').unwrap_or(0) + 1..]
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true)
+    };
+    while !kids.iter().all(|&p| gone(p)) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<u32> = kids.iter().copied().filter(|&p| !gone(p)).collect();
+    for &p in &left {
+        // SAFETY: cleaning up what the lab left, by pid.
+        unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "still running after the lab: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// bench says by its exit status when a run measured nothing: 5 when the
+/// target never answered, 3 when it answered only with errors.
+#[test]
+fn bench_exit_status_tells_a_run_that_measured_nothing() {
+    let bench = |uri: &str| {
+        Command::new(common::BIN)
+            .args([
+                "bench",
+                uri,
+                "--duration",
+                "1s",
+                "--warmup",
+                "0s",
+                "--clients",
+                "2",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let closed = common::closed_port(false);
+    let o = bench(&format!("coap://127.0.0.1:{closed}/request"));
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+    let dir = common::tmp_dir("bench-exit");
+    let coap = common::free_udp();
+    let cfg = common::write_config(&dir, coap, "");
+    let mut s = common::Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    let addr: SocketAddr = format!("127.0.0.1:{coap}").parse().unwrap();
+    s.wait_coap(addr, Duration::from_secs(15));
+    let o = bench(&format!("coap://127.0.0.1:{coap}/no-such-path"));
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    let o = bench(&format!("coap://127.0.0.1:{coap}/request"));
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

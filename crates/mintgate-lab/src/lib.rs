@@ -196,8 +196,15 @@ impl LabGateway {
     }
 }
 
+/// Creates the output folder and checks that files can be written there,
+/// before a lab spends minutes on results it could not keep.
 fn create_out(out: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let probe = out.join(format!(".mintgate-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("cannot write in the output folder {}", out.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
