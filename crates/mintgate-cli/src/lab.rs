@@ -365,7 +365,6 @@ impl Common {
     }
 }
 
-/// Runs `mintgate lab ...`.
 /// A count of at least `MIN`, for the flags where fewer means nothing.
 pub(crate) fn at_least<const MIN: usize>(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
@@ -428,6 +427,7 @@ fn stop_children_on_signal() {
         });
 }
 
+/// Runs `mintgate lab ...`.
 pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
     stop_children_on_signal();
     let summary = match args.lab {

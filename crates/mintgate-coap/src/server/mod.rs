@@ -188,10 +188,12 @@ pub fn process_request(
     {
         rb.set_code(Code::PROXYING_NOT_SUPPORTED);
     } else if is_well_known_core(p) {
-        let accept = p.option(OptionNumber::ACCEPT).map(|o| o.uint());
         if p.code() != Code::GET {
             rb.set_code(Code::METHOD_NOT_ALLOWED);
-        } else if accept.is_some_and(|a| a != Some(u32::from(ContentFormat::LINK_FORMAT.0))) {
+        } else if req
+            .accept()
+            .is_some_and(|a| a != ContentFormat::LINK_FORMAT)
+        {
             rb.set_code(Code::NOT_ACCEPTABLE);
         } else {
             let filter = req.query().next();
