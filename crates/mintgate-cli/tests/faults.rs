@@ -42,7 +42,16 @@ impl Drop for Kid {
 
 /// The records of `mintgate get coap://.../PATH/history` as (ms, value).
 fn history(coap: u16, path: &str) -> HashSet<(u64, String)> {
-    let o = mintgate(&["get", &format!("coap://127.0.0.1:{coap}/{path}/history")]);
+    // just after a start the devices' resources may not be added yet
+    // (`/request` answers first): 4.04 (exit 3) is retried for a while
+    let end = Instant::now() + Duration::from_secs(20);
+    let o = loop {
+        let o = mintgate(&["get", &format!("coap://127.0.0.1:{coap}/{path}/history")]);
+        if o.status.code() != Some(3) || Instant::now() > end {
+            break o;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(o.status.success(), "{o:?}");
     String::from_utf8_lossy(&o.stdout)
         .lines()

@@ -687,6 +687,22 @@ pub struct CoapConfig {
     /// A confirmable notification at least every this many seconds per
     /// observer.
     pub observe_con_interval_s: u64,
+    /// Most Observe registrations per source (an IPv4 address or an IPv6
+    /// /64); beyond, a GET with Observe is answered as a plain GET.
+    pub observe_max_per_source: usize,
+    /// To a source not yet verified (RFC 9175 2.4), nothing larger than
+    /// this many times its request; 0 turns the check off.
+    pub amplification_factor: u32,
+    /// How long, in seconds, an address verified by an Echo round trip is
+    /// trusted.
+    pub verified_lifetime_s: u64,
+    /// Addresses remembered as verified, at most.
+    pub verified_max: usize,
+    /// ACK_TIMEOUT of the CONs the gateway sends (separate responses,
+    /// notifications), in milliseconds (RFC 7252 4.8: 2000).
+    pub ack_timeout_ms: u64,
+    /// MAX_RETRANSMIT of those CONs (RFC 7252 4.8: 4).
+    pub max_retransmit: u32,
     /// Largest request body a PUT or POST may send in blocks (Block1,
     /// RFC 7959); beyond it, 4.13 with Size1.
     pub block1_max_body: usize,
@@ -720,8 +736,14 @@ impl Default for CoapConfig {
             socket_recv_buffer: 4 << 20,
             socket_send_buffer: 4 << 20,
             observe_max: 1024,
-            observe_con_every: 10,
+            observe_con_every: 5,
             observe_con_interval_s: 60,
+            observe_max_per_source: 64,
+            amplification_factor: 3,
+            verified_lifetime_s: 600,
+            verified_max: 4096,
+            ack_timeout_ms: 2000,
+            max_retransmit: 4,
             block1_max_body: 64_000,
             block1_max_bytes: 1 << 20,
             block1_max_transfers: 256,
@@ -974,6 +996,36 @@ impl Config {
                 "block1_timeout_s and block1_per_peer must be positive".into(),
             );
         }
+        if self.coap.observe_max_per_source == 0 {
+            return v(
+                "coap.observe_max_per_source",
+                "must be positive (it bounds one source's share of observe_max)".into(),
+            );
+        }
+        if self.coap.amplification_factor > 100 {
+            return v(
+                "coap.amplification_factor",
+                format!(
+                    "{} is above 100; 3 is the usual bound, 0 turns the check off",
+                    self.coap.amplification_factor
+                ),
+            );
+        }
+        if !(100..=60_000).contains(&self.coap.ack_timeout_ms) || self.coap.max_retransmit > 20 {
+            return v(
+                "coap.ack_timeout_ms",
+                format!(
+                    "ack_timeout_ms {} must be 100..=60000 and max_retransmit {} at most 20",
+                    self.coap.ack_timeout_ms, self.coap.max_retransmit
+                ),
+            );
+        }
+        if self.coap.verified_lifetime_s == 0 || self.coap.verified_max == 0 {
+            return v(
+                "coap.verified_lifetime_s",
+                "verified_lifetime_s and verified_max must be positive".into(),
+            );
+        }
         let share = self.pipeline.peer_queue_share;
         if !(share > 0.0 && share <= 1.0) {
             return v(
@@ -1093,6 +1145,34 @@ impl Config {
             max_observers: self.coap.observe_max,
             con_every: self.coap.observe_con_every.max(1),
             con_interval: std::time::Duration::from_secs(self.coap.observe_con_interval_s.max(1)),
+            max_per_source: self.coap.observe_max_per_source.max(1),
+        }
+    }
+
+    /// The CoAP server endpoint's settings.
+    pub fn endpoint_config(&self) -> mintgate_coap::server::EndpointConfig {
+        use std::time::Duration;
+        let transmission = mintgate_coap::rto::TransmissionParams {
+            ack_timeout: Duration::from_millis(self.coap.ack_timeout_ms.max(1)),
+            max_retransmit: self.coap.max_retransmit,
+            ..Default::default()
+        };
+        mintgate_coap::server::EndpointConfig {
+            dedup_capacity: self.coap.dedup_capacity,
+            exchange_lifetime: Duration::from_secs(self.coap.exchange_lifetime_s),
+            non_lifetime: Duration::from_secs(self.coap.non_lifetime_s),
+            transmission,
+            separate_after: Duration::from_millis(self.coap.separate_response_after_ms),
+            observe: self.observe_config(),
+            block1: self.block1_config(),
+            amplification_factor: self.coap.amplification_factor,
+            verified_lifetime: Duration::from_secs(self.coap.verified_lifetime_s),
+            verified_capacity: self.coap.verified_max.max(1),
+            max_pending: 4096,
+            max_payload: self.coap.max_payload,
+            handler_slots: crate::pipeline::MAX_HTP_THREADS,
+            seed: rand_seed(),
+            echo_secret: None,
         }
     }
 
@@ -1179,6 +1259,14 @@ pub fn physical_memory() -> usize {
     } else {
         pages as usize * size as usize
     }
+}
+
+/// A seed for the endpoint's retransmission jitter: differs between runs.
+fn rand_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    t.as_nanos() as u64 ^ ((std::process::id() as u64) << 32)
 }
 
 #[cfg(test)]

@@ -1,55 +1,38 @@
-//! Observe (RFC 7641) in the gateway: the registry of observers (from
-//! `mintgate_coap::server::observe`), the set of resources changed since
+//! Observe (RFC 7641) in the gateway: the set of resources changed since
 //! the notifier thread last ran, and the [`Notifier`] handle that devices
-//! and the direct path use to say "this resource changed".
+//! and the direct path use to say "this resource changed". The relations
+//! themselves (who observes what, CON cadence, how they end) belong to the
+//! CoAP server endpoint ([`mintgate_coap::server::Endpoint`]).
 //!
 //! [`Notifier::notify`] never sends: it marks the path and wakes the
 //! `coap-notify` thread, so it is cheap enough for a driver thread or the
-//! direct path's worker. That thread renders each changed resource once
-//! per observer through its GET handler and sends the notifications (see
-//! `pipeline::notify_path`).
+//! direct path's worker. That thread has the endpoint render each changed
+//! resource once per observer through its GET handler and sends the
+//! notifications (see `pipeline::notify_loop`).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mintgate_coap::server::observe::{ObserveConfig, Registry};
+use mintgate_coap::server::observe::Ended;
+use mintgate_coap::server::{Endpoint, EndpointStats};
 use parking_lot::{Condvar, Mutex};
-
-/// Observe counters.
-#[derive(Debug, Default)]
-pub struct ObserveCounters {
-    /// Registrations accepted (re-registrations included).
-    pub registered: AtomicU64,
-    /// Registrations refused because the registry was full.
-    pub refused: AtomicU64,
-    /// Observers removed (Observe: 1, Reset, unacknowledged CON, error).
-    pub removed: AtomicU64,
-    /// Notifications sent (first transmissions).
-    pub notifications: AtomicU64,
-    /// Of which confirmable.
-    pub confirmable: AtomicU64,
-}
 
 /// What the pipeline shares about Observe.
 pub struct ObserveState {
-    /// The observers.
-    pub registry: Mutex<Registry>,
+    endpoint: Arc<Endpoint>,
     dirty: Mutex<BTreeSet<String>>,
     wake: Condvar,
-    /// Counters.
-    pub counters: ObserveCounters,
 }
 
 impl ObserveState {
-    /// An empty state.
-    pub fn new(cfg: ObserveConfig) -> ObserveState {
+    /// No resource changed yet.
+    pub fn new(endpoint: Arc<Endpoint>) -> ObserveState {
         ObserveState {
-            registry: Mutex::new(Registry::new(cfg)),
+            endpoint,
             dirty: Mutex::new(BTreeSet::new()),
             wake: Condvar::new(),
-            counters: ObserveCounters::default(),
         }
     }
 
@@ -75,7 +58,7 @@ impl ObserveState {
 
     /// Observers registered now.
     pub fn observers(&self) -> usize {
-        self.registry.lock().len()
+        self.endpoint.observers()
     }
 }
 
@@ -98,21 +81,22 @@ impl Notifier {
         self.state.observers()
     }
 
-    /// The Observe counters.
-    pub fn counters(&self) -> &ObserveCounters {
-        &self.state.counters
+    /// The endpoint's counters (Observe's among them).
+    pub fn counters(&self) -> &EndpointStats {
+        self.state.endpoint.stats()
     }
 
-    /// Adds one removal to the counters (used by the pipeline).
-    pub(crate) fn count_removed(state: &ObserveState, n: usize) {
-        state.counters.removed.fetch_add(n as u64, Relaxed);
+    /// Relations ended so far, for every reason.
+    pub fn removed(&self) -> u64 {
+        Ended::ALL.iter().map(|e| self.counters().ended(*e)).sum()
     }
 }
 
 /// The Observe counters in the Prometheus text format.
 pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
     use std::fmt::Write as _;
-    let c = &o.counters;
+    let c = o.endpoint.stats();
+    let ended: u64 = Ended::ALL.iter().map(|e| c.ended(*e)).sum();
     for (name, help, v) in [
         (
             "mintgate_observe_observers",
@@ -122,17 +106,22 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
         (
             "mintgate_observe_registered_total",
             "Observe registrations accepted.",
-            c.registered.load(Relaxed),
+            c.observe_registered.load(Relaxed),
         ),
         (
             "mintgate_observe_refused_total",
-            "Observe registrations refused (registry full).",
-            c.refused.load(Relaxed),
+            "Observe registrations refused (registry full, or the source at observe_max_per_source).",
+            c.observe_refused_total.load(Relaxed) + c.observe_refused_source.load(Relaxed),
+        ),
+        (
+            "mintgate_observe_refused_source_total",
+            "Observe registrations refused because the source (IPv4 address or IPv6 /64) had its share.",
+            c.observe_refused_source.load(Relaxed),
         ),
         (
             "mintgate_observe_removed_total",
-            "Observers removed (Observe: 1, Reset, unacknowledged CON, error).",
-            c.removed.load(Relaxed),
+            "Observers removed (Observe: 1, Reset, unacknowledged CON, error); by reason in mintgate_observe_ended_total.",
+            ended,
         ),
         (
             "mintgate_observe_notifications_total",
@@ -142,7 +131,93 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
         (
             "mintgate_observe_confirmable_total",
             "Confirmable notifications sent.",
-            c.confirmable.load(Relaxed),
+            c.notifications_con.load(Relaxed),
+        ),
+        (
+            "mintgate_observe_replaced_total",
+            "Notifications that replaced an unacknowledged CON notification (RFC 7641 4.5.2).",
+            c.notifications_replaced.load(Relaxed),
+        ),
+    ] {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP mintgate_observe_ended_total Observe relations ended, by reason.\n# TYPE mintgate_observe_ended_total counter"
+    );
+    for e in Ended::ALL {
+        let _ = writeln!(
+            out,
+            "mintgate_observe_ended_total{{reason=\"{}\"}} {}",
+            e.name(),
+            c.ended(e)
+        );
+    }
+}
+
+/// The rest of the endpoint's counters: the message layer's CONs and
+/// address validation.
+pub(crate) fn render_endpoint_metrics(ep: &Endpoint, out: &mut String) {
+    use std::fmt::Write as _;
+    let c = ep.stats();
+    for (name, help, v) in [
+        (
+            "mintgate_coap_pending_con",
+            "CON messages (separate responses, notifications) waiting for an ACK.",
+            ep.pending() as u64,
+        ),
+        (
+            "mintgate_coap_empty_acks_total",
+            "Empty ACKs sent for requests whose handler was slow.",
+            c.empty_acks.load(Relaxed),
+        ),
+        (
+            "mintgate_coap_retransmissions_total",
+            "CON retransmissions (separate responses and notifications).",
+            c.retransmissions.load(Relaxed),
+        ),
+        (
+            "mintgate_coap_con_given_up_total",
+            "CON messages given up unacknowledged.",
+            c.gave_up.load(Relaxed),
+        ),
+        (
+            "mintgate_coap_verified_addresses",
+            "Addresses verified by an Echo round trip (RFC 9175), trusted now.",
+            ep.verified_addresses() as u64,
+        ),
+        (
+            "mintgate_coap_amplification_blocks_total",
+            "Answers to unverified sources cut to one Block2 block within coap.amplification_factor.",
+            c.amplification_blocks.load(Relaxed),
+        ),
+        (
+            "mintgate_coap_amplification_challenges_total",
+            "Answers to unverified sources replaced by a 4.01 Echo challenge.",
+            c.amplification_challenges.load(Relaxed),
+        ),
+        (
+            "mintgate_coap_amplification_dropped_total",
+            "Answers to unverified sources not sent: nothing small enough could be said.",
+            c.amplification_dropped.load(Relaxed),
+        ),
+        (
+            "mintgate_coap_echo_verified_total",
+            "Requests whose Echo option verified their address.",
+            c.echo_verified.load(Relaxed),
+        ),
+        (
+            "mintgate_coap_echo_invalid_total",
+            "Requests carrying an Echo option that was not valid (forged, stale, another address's).",
+            c.echo_invalid.load(Relaxed),
         ),
     ] {
         let kind = if name.ends_with("_total") {

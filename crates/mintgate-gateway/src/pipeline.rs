@@ -7,27 +7,35 @@
 //!                                                                          handler thread: no extra hop)
 //! ```
 //!
-//! One Network Receiver thread per listening socket; a resizable pool of
-//! handler threads; one timer thread for empty ACKs (separate responses) and
-//! the retransmission of separate CON responses; the Performance Observer
-//! thread. Datagrams are received straight into pool blocks and responses are
+//! The CoAP message layer (de-duplication, message IDs, empty ACKs and
+//! separate responses, CON retransmissions, Observe relations, Block1
+//! reassembly, address validation) is the sans-IO server endpoint,
+//! [`mintgate_coap::server::Endpoint`]; this module is the sockets and
+//! threads around it. One Network Receiver thread per listening socket; a
+//! resizable pool of handler threads; one timer thread that drives the
+//! endpoint's timeouts (empty ACKs, retransmissions) and the coaps
+//! sessions' sweeps; the notifier thread; the Performance Observer thread.
+//! Datagrams are received straight into pool blocks and responses are
 //! encoded in pool blocks; nothing on the way allocates from the heap.
+//!
+//! A handler that panics answers 5.00 and its thread goes on (counted in
+//! `mintgate_handler_panics_total`); a receiver, timer or notifier thread
+//! that dies ends the process with a log line and exit status 70, so that a
+//! service manager restarts it.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mintgate_buf::{BlockMut, Layer, Pool};
 use mintgate_coap::server::{
-    classify, finish_response, process_request, process_request_blockwise, simple_response, Answer,
-    Block1Stats, Block1Store, Dedup, DropReason, Handled, Inbound, Outgoing, PathTaken, Request,
-    ResetReason, Resource, ResponseBuilder, Router, Seen,
+    Block1Stats, Datagram, Endpoint, Handled, Incoming, PathTaken, Request, Resource, Responded,
+    Router, Transmit,
 };
-use mintgate_coap::wire::{empty_message, Code, MessageType, Packet};
+use mintgate_coap::wire::{Code, MessageType, Packet};
 use mintgate_sched::priority::{self, Applied, Priority};
 use mintgate_sched::{
     BatchSwitch, Decision, Observer, PipelineCounters, Sample, ThreadPool, ThreadPoolManager, Vta,
@@ -43,12 +51,10 @@ use mintgate_dtls::DtlsServer;
 
 /// Most HTP threads the pool may have.
 pub const MAX_HTP_THREADS: usize = 256;
-const DEDUP_SHARDS: usize = 16;
 /// Cached responses evicted per shard when the receiver finds no block.
 const EVICT_CHUNK: usize = 64;
-/// RFC 7252 4.8 defaults for separate CON responses.
-const ACK_TIMEOUT: Duration = Duration::from_secs(2);
-const MAX_RETRANSMIT: u8 = 4;
+/// Exit status of a process whose pipeline thread died (EX_SOFTWARE).
+const EXIT_THREAD_DIED: i32 = 70;
 
 /// Why the gateway could not start. The I/O cause is the error's source,
 /// not part of its message: `{:#}` (anyhow's chain) prints it once.
@@ -73,25 +79,6 @@ pub enum StartError {
     Dtls(mintgate_dtls::DtlsError),
 }
 
-/// A CON request being handled, per handler thread.
-#[derive(Clone, Copy)]
-struct InFlight {
-    peer: SocketAddr,
-    mid: u16,
-    listener: usize,
-    since: Instant,
-    acked: bool,
-}
-
-/// A separate CON response waiting for its ACK.
-struct Pending {
-    msg: Outgoing,
-    listener: usize,
-    next: Instant,
-    timeout: Duration,
-    retransmits: u8,
-}
-
 struct Shared {
     cfg: Config,
     pool: Pool,
@@ -101,17 +88,14 @@ struct Shared {
     dtls: Vec<Option<Arc<DtlsServer>>>,
     queue: HtpQueue,
     counters: Arc<PipelineCounters>,
-    dedup: Vec<Mutex<Dedup<Outgoing>>>,
-    next_mid: AtomicU16,
+    /// The CoAP message layer.
+    endpoint: Arc<Endpoint>,
     stop: AtomicBool,
-    inflight: Vec<Mutex<Option<InFlight>>>,
-    separate: Mutex<HashMap<(SocketAddr, u16), Pending>>,
-    separate_after: Duration,
-    /// Observe (RFC 7641): observers and changed resources.
+    /// Observe (RFC 7641): changed resources (the relations are the
+    /// endpoint's).
     observe: Arc<ObserveState>,
-    /// Block1 reassembly (RFC 7959): only requests carrying Block1 or a
-    /// Block2 continuation take this lock.
-    blocks: std::sync::Mutex<Block1Store>,
+    /// Handlers that panicked (answered 5.00).
+    handler_panics: AtomicU64,
     /// Extra Prometheus text from other parts of the gateway (devices,
     /// direct path), appended to `/metrics`.
     metrics_sources: RwLock<Vec<MetricsSource>>,
@@ -132,28 +116,36 @@ pub type MetricsSource = Arc<dyn Fn(&mut String) + Send + Sync>;
 pub type StateSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 impl Shared {
-    fn dedup_shard(&self, peer: &SocketAddr, mid: u16) -> &Mutex<Dedup<Outgoing>> {
-        let h = (mid as usize) ^ (peer.port() as usize).rotate_left(5);
-        &self.dedup[h % DEDUP_SHARDS]
-    }
-
     /// Gives back buffers held by cached responses (oldest first) after an
     /// allocation failed; returns how many entries went. The cache is the
     /// only holder of blocks that can let go on demand. The pool calls this
     /// on the allocating thread, which may hold a shard's lock: shards that
     /// are busy are skipped, never waited for.
     fn reclaim(&self) -> usize {
-        let freed: usize = self
-            .dedup
-            .iter()
-            .filter_map(|d| d.try_lock().map(|mut d| d.evict(EVICT_CHUNK)))
-            .sum();
+        let freed = self.endpoint.reclaim(EVICT_CHUNK);
         self.counters.dedup_evicted.fetch_add(freed as u64, Relaxed);
         freed
     }
 
-    fn mid(&self) -> u16 {
-        self.next_mid.fetch_add(1, Relaxed)
+    /// Sends one of the endpoint's transmissions through `sb` (a message)
+    /// or at once (an empty ACK or Reset).
+    fn transmit(&self, sb: &mut SendBatch, t: Transmit) {
+        let Some(sock) = self.listeners.get(t.listener) else {
+            return;
+        };
+        match t.datagram {
+            Datagram::Message(o) => {
+                let (s, f) = sb.push(sock, t.peer, o);
+                self.counters.sh_sent.fetch_add(s as u64, Relaxed);
+                self.counters.sh_errors.fetch_add(f as u64, Relaxed);
+            }
+            Datagram::Empty(e) => {
+                let d = self.dtls[t.listener].as_deref();
+                if udp::send_small(sock, d, t.peer, &e).is_ok() {
+                    self.counters.sh_sent.fetch_add(1, Relaxed);
+                }
+            }
+        }
     }
 }
 
@@ -190,13 +182,14 @@ impl Gateway {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let counters = Arc::new(PipelineCounters::default());
-        let shard_cap = cfg.coap.dedup_capacity.div_ceil(DEDUP_SHARDS);
-        let lifetimes = (
-            Duration::from_secs(cfg.coap.exchange_lifetime_s),
-            Duration::from_secs(cfg.coap.non_lifetime_s),
-        );
+        let pool = Pool::new(&cfg.partitions());
+        let endpoint = Arc::new(Endpoint::new(
+            cfg.endpoint_config(),
+            pool.clone(),
+            Instant::now(),
+        ));
         let shared = Arc::new(Shared {
-            pool: Pool::new(&cfg.partitions()),
+            pool,
             router: RwLock::new(Arc::new(router)),
             listeners,
             dtls,
@@ -204,16 +197,10 @@ impl Gateway {
                 .with_spin(Duration::from_micros(cfg.pipeline.spin_us))
                 .with_peer_share(cfg.pipeline.peer_queue_share),
             counters: counters.clone(),
-            dedup: (0..DEDUP_SHARDS)
-                .map(|_| Mutex::new(Dedup::new(shard_cap, lifetimes.0, lifetimes.1)))
-                .collect(),
-            next_mid: AtomicU16::new(rand_u16()),
+            observe: Arc::new(ObserveState::new(endpoint.clone())),
+            endpoint,
             stop: AtomicBool::new(false),
-            inflight: (0..MAX_HTP_THREADS).map(|_| Mutex::new(None)).collect(),
-            separate: Mutex::new(HashMap::new()),
-            separate_after: Duration::from_millis(cfg.coap.separate_response_after_ms),
-            observe: Arc::new(ObserveState::new(cfg.observe_config())),
-            blocks: std::sync::Mutex::new(Block1Store::new(cfg.block1_config())),
+            handler_panics: AtomicU64::new(0),
             metrics_sources: RwLock::new(Vec::new()),
             state_sources: RwLock::new(Vec::new()),
             started: Instant::now(),
@@ -287,7 +274,7 @@ impl Gateway {
             receivers.push(
                 std::thread::Builder::new()
                     .name(format!("nr-{i}"))
-                    .spawn(move || receive_loop(&sh, i))?,
+                    .spawn(move || fatal_on_panic("network receiver", || receive_loop(&sh, i)))?,
             );
         }
         // the Observe notifier; joined with the receivers on stop
@@ -295,13 +282,13 @@ impl Gateway {
         receivers.push(
             std::thread::Builder::new()
                 .name("coap-notify".into())
-                .spawn(move || notify_loop(&sh))?,
+                .spawn(move || fatal_on_panic("notifier", || notify_loop(&sh)))?,
         );
         let sh = shared.clone();
         let timer = Some(
             std::thread::Builder::new()
                 .name("coap-timer".into())
-                .spawn(move || timer_loop(&sh))?,
+                .spawn(move || fatal_on_panic("coap timer", || timer_loop(&sh)))?,
         );
         Ok(Gateway {
             shared,
@@ -531,10 +518,16 @@ impl GatewayHandle {
     /// Prometheus text format.
     pub fn extra_metrics(&self, out: &mut String) {
         crate::observe::render_metrics(&self.shared.observe, out);
-        let (stats, held, bytes) = {
-            let b = self.shared.blocks.lock().unwrap_or_else(|e| e.into_inner());
-            (b.stats(), b.len(), b.bytes())
-        };
+        crate::observe::render_endpoint_metrics(&self.shared.endpoint, out);
+        {
+            use std::fmt::Write as _;
+            let _ = writeln!(
+                out,
+                "# HELP mintgate_handler_panics_total Handlers that panicked (answered 5.00; the thread goes on).\n# TYPE mintgate_handler_panics_total counter\nmintgate_handler_panics_total {}",
+                self.shared.handler_panics.load(Relaxed)
+            );
+        }
+        let (stats, held, bytes) = self.shared.endpoint.block1();
         render_block1_metrics(&stats, held, bytes, out);
         let dtls: Vec<&mintgate_dtls::DtlsStats> = self
             .shared
@@ -573,16 +566,15 @@ impl Drop for Gateway {
     }
 }
 
-fn rand_u16() -> u16 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    (t.subsec_nanos() ^ std::process::id()) as u16
-}
-
-enum Kind {
-    Request { con: bool, mid: u16 },
-    Done,
+/// Runs a pipeline thread's loop; if it panics, the process cannot go on
+/// without it: log and exit non-zero, so that a service manager restarts
+/// the gateway (a process that lives on without its receiver serves
+/// nothing and is never restarted).
+fn fatal_on_panic(what: &str, f: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        tracing::error!(thread = what, "a pipeline thread panicked; exiting");
+        std::process::exit(EXIT_THREAD_DIED);
+    }
 }
 
 /// The Network Receiver stage for one listener: read a batch, classify,
@@ -770,7 +762,7 @@ impl Receiver {
         let sock = &sh.listeners[self.li];
         sh.queue.push_batch(&mut self.jobs, &mut self.rejected);
         for (job, why) in self.rejected.drain(..) {
-            shed_at_queue(sh, &mut self.sb, sock, job, why);
+            shed_at_queue(sh, &mut self.sb, job, why);
         }
         let (sent, failed) = self.sb.flush(sock);
         c.sh_sent.fetch_add(sent as u64, Relaxed);
@@ -787,85 +779,37 @@ impl Receiver {
         peer: SocketAddr,
         identity: Option<Arc<str>>,
     ) {
-        let sock = &sh.listeners[self.li];
-        let dtls = sh.dtls[self.li].as_deref();
         let c = &sh.counters;
-        let info = udp::Received {
-            peer,
-            len: block.len(),
-            truncated: false,
-        };
+        let answer = match sh
+            .endpoint
+            .handle_datagram(now, peer, self.li, block.as_slice())
         {
-            let kind = match classify(block.as_slice()) {
-                Inbound::Request(p) => Kind::Request {
-                    con: p.msg_type() == MessageType::Con,
-                    mid: p.message_id(),
-                },
-                Inbound::Reset(rst, why) => {
-                    match why {
-                        ResetReason::FormatError(_) => c.nr_malformed.fetch_add(1, Relaxed),
-                        ResetReason::Ping | ResetReason::UnexpectedResponse => {
-                            c.nr_ignored.fetch_add(1, Relaxed)
-                        }
-                    };
-                    if udp::send_small(sock, dtls, info.peer, &rst).is_ok() {
-                        c.sh_sent.fetch_add(1, Relaxed);
-                    }
-                    Kind::Done
-                }
-                // a Reset of a notification ends that observation (RFC 7641 3.6)
-                Inbound::PeerReset(mid)
-                    if sh
-                        .observe
-                        .registry
-                        .lock()
-                        .remove_by_mid(info.peer, mid)
-                        .is_some() =>
-                {
-                    Notifier::count_removed(&sh.observe, 1);
-                    sh.separate.lock().remove(&(info.peer, mid));
-                    Kind::Done
-                }
-                Inbound::Ack(mid) | Inbound::PeerReset(mid) => {
-                    if sh.separate.lock().remove(&(info.peer, mid)).is_none() {
-                        c.nr_ignored.fetch_add(1, Relaxed);
-                    }
-                    Kind::Done
-                }
-                Inbound::Drop(DropReason::FormatError | DropReason::Unreadable) => {
-                    c.nr_malformed.fetch_add(1, Relaxed);
-                    Kind::Done
-                }
-                Inbound::Drop(_) => {
-                    c.nr_ignored.fetch_add(1, Relaxed);
-                    Kind::Done
-                }
-            };
-            let Kind::Request { con, mid } = kind else {
+            Incoming::Request { .. } => {
+                self.jobs.push(Job {
+                    peer,
+                    block,
+                    listener: self.li,
+                    received: now,
+                    identity,
+                });
                 return;
-            };
-            let mut shard = sh.dedup_shard(&info.peer, mid).lock();
-            match shard.check(now, info.peer, mid, con) {
-                Seen::New => {
-                    drop(shard);
-                    self.jobs.push(Job {
-                        peer: info.peer,
-                        block,
-                        listener: self.li,
-                        received: now,
-                        identity,
-                    });
-                }
-                Seen::Replay(o) => {
-                    let o = o.clone();
-                    drop(shard);
-                    c.nr_duplicates.fetch_add(1, Relaxed);
-                    self.sb.push(sock, info.peer, o);
-                }
-                Seen::InProgress | Seen::Duplicate => {
-                    c.nr_duplicates.fetch_add(1, Relaxed);
-                }
             }
+            Incoming::Duplicate(t) => {
+                c.nr_duplicates.fetch_add(1, Relaxed);
+                t
+            }
+            Incoming::Malformed(t) => {
+                c.nr_malformed.fetch_add(1, Relaxed);
+                t
+            }
+            Incoming::Ignored(t) => {
+                c.nr_ignored.fetch_add(1, Relaxed);
+                t
+            }
+            Incoming::Consumed => None,
+        };
+        if let Some(t) = answer {
+            sh.transmit(&mut self.sb, t);
         }
     }
 }
@@ -992,11 +936,10 @@ impl Drop for ThreadPolicy<'_> {
 
 /// The queue is full, in all or for the request's source: a NON is
 /// dropped, a CON gets 5.03 with Max-Age.
-fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, sock: &UdpSocket, job: Job, why: Shed) {
+fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, job: Job, why: Shed) {
     let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
         return;
     };
-    let mid = p.message_id();
     let con = p.msg_type() == MessageType::Con;
     match (why, con) {
         (Shed::PeerLimit, _) => &sh.counters.nr_peer_limited,
@@ -1004,30 +947,11 @@ fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, sock: &UdpSocket, job: Job, wh
         (Shed::QueueFull, true) => &sh.counters.nr_rejected,
     }
     .fetch_add(1, Relaxed);
-    if !con {
-        sh.dedup_shard(&job.peer, mid).lock().forget(job.peer, mid);
-        return;
-    }
-    let max_age = Some(sh.cfg.coap.overload_max_age_s);
-    match simple_response(
-        &sh.pool,
-        MessageType::Ack,
-        mid,
-        p.token(),
-        Code::SERVICE_UNAVAILABLE,
-        max_age,
-    ) {
-        Some(o) => {
-            sh.dedup_shard(&job.peer, mid)
-                .lock()
-                .complete(job.peer, mid, o.clone());
-            let (s, f) = sb.push(sock, job.peer, o);
-            sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
-            sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
-        }
-        None => {
-            sh.dedup_shard(&job.peer, mid).lock().forget(job.peer, mid);
-        }
+    if let Some(t) = sh
+        .endpoint
+        .shed(job.peer, job.listener, &p, sh.cfg.coap.overload_max_age_s)
+    {
+        sh.transmit(sb, t);
     }
 }
 
@@ -1049,8 +973,7 @@ fn handler_loop(sh: &Shared, w: &Worker) {
     let hb = sh.cfg.pipeline.handler_batch;
     let mut jobs: Vec<Job> = Vec::with_capacity(hb);
     let mut sbs = send_batches(sh);
-    let slot = &sh.inflight[w.index().min(MAX_HTP_THREADS - 1)];
-    let max_payload = sh.cfg.coap.max_payload;
+    let slot = w.index();
     let mut receivers: Vec<Receiver> = (0..sh.listeners.len())
         .map(|li| Receiver::new(sh, li, sh.cfg.pipeline.receive_batch))
         .collect();
@@ -1075,86 +998,51 @@ fn handler_loop(sh: &Shared, w: &Worker) {
             let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
                 continue;
             };
-            let con = p.msg_type() == MessageType::Con;
-            let req_mid = p.message_id();
-            if con {
-                *slot.lock() = Some(InFlight {
-                    peer: job.peer,
-                    mid: req_mid,
-                    listener: job.listener,
-                    since: job.received,
-                    acked: false,
-                });
-            }
+            // the receive time stands for "now": block transfers time out
+            // in seconds, and no clock is read per request
+            let ticket = sh.endpoint.begin(
+                slot,
+                job.received,
+                job.peer,
+                job.listener,
+                &p,
+                job.identity.is_some() || sh.dtls[job.listener].is_some(),
+            );
             let req = Request {
                 peer: job.peer,
                 packet: &p,
                 identity: job.identity.as_deref(),
             };
-            // the receive time stands for "now": block transfers time out
-            // in seconds, and no clock is read per request
             // writes are checked against [access]; the identity is the
-            // peer's DTLS identity for requests that came over coaps
-            let mut handled = match sh.access.check(&req, req.identity) {
-                Ok(()) => process_request_blockwise(
-                    &router,
-                    &sh.pool,
-                    &sh.blocks,
-                    job.received,
-                    &req,
-                    64,
-                    max_payload,
-                ),
-                Err(why) => {
-                    let mut rb = ResponseBuilder::in_pool(&sh.pool, 64).with_limit(max_payload);
-                    sh.access.answer(why, &mut rb);
-                    Handled::Respond(rb)
-                }
-            };
-            if let Handled::Respond(rb) = &mut handled {
-                observe_on_request(sh, &router, &req, job.listener, rb);
-            }
-            let acked = con && slot.lock().take().is_some_and(|f| f.acked);
-            let (ty, mid) = match (con, acked) {
-                (false, _) => (MessageType::Non, sh.mid()),
-                (true, false) => (MessageType::Ack, req_mid),
-                (true, true) => (MessageType::Con, sh.mid()),
-            };
-            let answer = match handled {
-                Handled::Respond(rb) => finish_response(&sh.pool, rb, ty, mid, p.token()),
-                Handled::Silent => Answer::Silent,
-            };
-            match answer {
-                Answer::Send(o) => {
-                    if con {
-                        sh.dedup_shard(&job.peer, req_mid).lock().complete(
-                            job.peer,
-                            req_mid,
-                            o.clone(),
-                        );
+            // peer's DTLS identity for requests that came over coaps. A
+            // handler that panics answers 5.00; the thread goes on.
+            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                match sh.access.check(&req, req.identity) {
+                    Ok(()) => sh.endpoint.process(job.received, &router, &req),
+                    Err(why) => {
+                        let mut rb = sh.endpoint.builder();
+                        sh.access.answer(why, &mut rb);
+                        Handled::Respond(rb)
                     }
-                    if acked {
-                        sh.separate.lock().insert(
-                            (job.peer, mid),
-                            Pending {
-                                msg: o.clone(),
-                                listener: job.listener,
-                                next: Instant::now() + ACK_TIMEOUT,
-                                timeout: ACK_TIMEOUT,
-                                retransmits: 0,
-                            },
-                        );
-                    }
-                    let (s, f) = sbs[job.listener].push(&sh.listeners[job.listener], job.peer, o);
-                    c.sh_sent.fetch_add(s as u64, Relaxed);
-                    c.sh_errors.fetch_add(f as u64, Relaxed);
                 }
-                Answer::Silent => {}
-                Answer::Exhausted => {
+            }))
+            .unwrap_or_else(|_| {
+                sh.handler_panics.fetch_add(1, Relaxed);
+                tracing::error!(peer = %job.peer, "a handler panicked; answered 5.00");
+                let mut rb = sh.endpoint.builder();
+                rb.set_code(Code::INTERNAL_SERVER_ERROR);
+                Handled::Respond(rb)
+            });
+            // the time now: a separate response's retransmission timer
+            // starts when it is sent, not when the request came
+            match sh
+                .endpoint
+                .respond(Instant::now(), ticket, &router, &req, handled)
+            {
+                Responded::Send(t) => sh.transmit(&mut sbs[job.listener], t),
+                Responded::Silent => {}
+                Responded::Exhausted => {
                     c.htp_shed.fetch_add(1, Relaxed);
-                    sh.dedup_shard(&job.peer, req_mid)
-                        .lock()
-                        .forget(job.peer, req_mid);
                 }
             }
         }
@@ -1170,31 +1058,24 @@ fn handler_loop(sh: &Shared, w: &Worker) {
     }
 }
 
-/// Sends empty ACKs for slow handlers and retransmits separate responses.
+/// Drives the endpoint's timeouts (empty ACKs for slow handlers, CON
+/// retransmissions, expiry) and the coaps sessions' sweeps.
 fn timer_loop(sh: &Shared) {
-    let tick = (sh.separate_after / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    let tick = (Duration::from_millis(sh.cfg.coap.separate_response_after_ms) / 4)
+        .clamp(Duration::from_millis(5), Duration::from_millis(250));
+    let mut sbs = send_batches(sh);
     while !sh.stop.load(Relaxed) {
         std::thread::sleep(tick);
         let now = Instant::now();
-        // every slot: a worker told to retire may still be in a slow handler
-        for slot in sh.inflight.iter() {
-            let mut g = slot.lock();
-            if let Some(f) = g.as_mut() {
-                if !f.acked && now.duration_since(f.since) >= sh.separate_after {
-                    let ack = empty_message(MessageType::Ack, f.mid);
-                    let d = sh.dtls[f.listener].as_deref();
-                    if udp::send_small(&sh.listeners[f.listener], d, f.peer, &ack).is_ok() {
-                        sh.counters.sh_sent.fetch_add(1, Relaxed);
-                    }
-                    f.acked = true;
-                }
-            }
+        sh.endpoint.handle_timeout(now);
+        while let Some(t) = sh.endpoint.poll_transmit() {
+            let li = t.listener;
+            sh.transmit(&mut sbs[li], t);
         }
-        {
-            let mut b = sh.blocks.lock().unwrap_or_else(|e| e.into_inner());
-            if !b.is_empty() {
-                b.expire(now);
-            }
+        for (i, sb) in sbs.iter_mut().enumerate() {
+            let (s, f) = sb.flush(&sh.listeners[i]);
+            sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
+            sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
         }
         // coaps: handshake retransmissions, idle and stalled sessions
         for (li, d) in sh.dtls.iter().enumerate() {
@@ -1205,193 +1086,32 @@ fn timer_loop(sh: &Shared) {
                 });
             }
         }
-        let mut sep = sh.separate.lock();
-        sep.retain(|(peer, mid), p| {
-            if now < p.next {
-                return true;
-            }
-            if p.retransmits >= MAX_RETRANSMIT {
-                // an unacknowledged CON notification ends the observation
-                if sh
-                    .observe
-                    .registry
-                    .lock()
-                    .remove_by_mid(*peer, *mid)
-                    .is_some()
-                {
-                    Notifier::count_removed(&sh.observe, 1);
-                }
-                return false;
-            }
-            let mut sb = SendBatch::new(1).with_dtls(sh.dtls[p.listener].clone());
-            sb.push(&sh.listeners[p.listener], *peer, p.msg.clone());
-            let (s, _) = sb.flush(&sh.listeners[p.listener]);
-            sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
-            p.retransmits += 1;
-            p.timeout *= 2;
-            p.next = now + p.timeout;
-            true
-        });
     }
 }
 
-/// Observe on a request the handler answered: a GET with `Observe: 0` on an
-/// observable resource answered 2.05 registers the client and the response
-/// carries the Observe value; `Observe: 1` deregisters it.
-fn observe_on_request(
-    sh: &Shared,
-    router: &Router,
-    req: &Request<'_>,
-    listener: usize,
-    rb: &mut mintgate_coap::server::ResponseBuilder,
-) {
-    use mintgate_coap::server::observe::{observe_request, ObserveRequest};
-    match observe_request(req.packet) {
-        ObserveRequest::None => {}
-        ObserveRequest::Deregister => {
-            if sh
-                .observe
-                .registry
-                .lock()
-                .deregister(req.peer, req.packet.token())
-            {
-                Notifier::count_removed(&sh.observe, 1);
-            }
-        }
-        ObserveRequest::Register => {
-            if rb.code() != Code::CONTENT {
-                return;
-            }
-            let Some(r) = router.find(req).filter(|r| r.is_observable()) else {
-                return;
-            };
-            let accept = req
-                .option(mintgate_coap::wire::OptionNumber::ACCEPT)
-                .and_then(|o| o.uint())
-                .map(|v| v as u16);
-            let got = sh.observe.registry.lock().register(
-                r.path(),
-                req.peer,
-                req.packet.token(),
-                listener,
-                accept,
-                Instant::now(),
-            );
-            let c = &sh.observe.counters;
-            match got {
-                Ok(seq) => {
-                    rb.option_uint(mintgate_coap::wire::OptionNumber::OBSERVE, seq);
-                    c.registered.fetch_add(1, Relaxed);
-                }
-                // full: answered as a plain GET, without Observe
-                Err(_) => {
-                    c.refused.fetch_add(1, Relaxed);
-                }
-            }
-        }
-    }
-}
-
-/// The `coap-notify` thread: renders and sends notifications for the
-/// resources marked changed.
+/// The `coap-notify` thread: has the endpoint render and send the
+/// notifications of the resources marked changed.
 fn notify_loop(sh: &Shared) {
     let mut sbs = send_batches(sh);
+    let mut out = Vec::new();
     while !sh.stop.load(Relaxed) {
         let paths = sh.observe.take_dirty(Duration::from_millis(100));
         if paths.is_empty() {
             continue;
         }
         let router = sh.router.read().clone();
+        let now = Instant::now();
         for p in &paths {
-            notify_path(sh, &router, p, &mut sbs);
+            sh.endpoint.notify(now, &router, p, &mut out);
+            for t in out.drain(..) {
+                let li = t.listener;
+                sh.transmit(&mut sbs[li], t);
+            }
         }
         for (i, sb) in sbs.iter_mut().enumerate() {
             let (s, f) = sb.flush(&sh.listeners[i]);
             sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
             sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
-        }
-    }
-}
-
-/// Sends one notification per observer of `path`: the resource's GET
-/// answer with the observer's token and next Observe value, CON when the
-/// registry says so (then retransmitted like a separate response). A
-/// notification other than 2.05 (the resource is gone) ends the observation.
-fn notify_path(sh: &Shared, router: &Router, path: &str, sbs: &mut [SendBatch]) {
-    use mintgate_coap::server::observe::Notification;
-    use mintgate_coap::wire::{MessageWriter, OptionNumber};
-    let plan: Vec<Notification> = sh.observe.registry.lock().plan(path, Instant::now());
-    let mut dg = [0u8; 512];
-    for n in plan {
-        let Some(sock) = sh.listeners.get(n.listener) else {
-            continue;
-        };
-        // the GET the handler answers, with the observer's token
-        let len =
-            match MessageWriter::new(&mut dg, MessageType::Non, Code::GET, 0, n.token.as_slice())
-                .and_then(|mut w| {
-                    w.path_options(OptionNumber::URI_PATH, path)?;
-                    if let Some(cf) = n.accept {
-                        w.option_uint(OptionNumber::ACCEPT, cf.into())?;
-                    }
-                    Ok(w.finish())
-                }) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(path, error = ?e, "cannot form the notification request");
-                    continue;
-                }
-            };
-        let Ok(p) = Packet::new_checked(&dg[..len]) else {
-            continue;
-        };
-        // the identity is not kept with the registration: notifications
-        // render the resource's GET as for a plain request
-        let req = Request {
-            peer: n.peer,
-            packet: &p,
-            identity: None,
-        };
-        let Handled::Respond(mut rb) =
-            process_request(router, &sh.pool, &req, 64, sh.cfg.coap.max_payload)
-        else {
-            continue; // silent (cannot happen for a GET that registered)
-        };
-        let ok = rb.code() == Code::CONTENT;
-        if ok {
-            rb.option_uint(OptionNumber::OBSERVE, n.seq);
-        }
-        let mid = sh.mid();
-        let ty = if n.confirmable {
-            MessageType::Con
-        } else {
-            MessageType::Non
-        };
-        let Answer::Send(o) = finish_response(&sh.pool, rb, ty, mid, n.token.as_slice()) else {
-            continue;
-        };
-        if n.confirmable {
-            sh.separate.lock().insert(
-                (n.peer, mid),
-                Pending {
-                    msg: o.clone(),
-                    listener: n.listener,
-                    next: Instant::now() + ACK_TIMEOUT,
-                    timeout: ACK_TIMEOUT,
-                    retransmits: 0,
-                },
-            );
-            sh.observe.counters.confirmable.fetch_add(1, Relaxed);
-        }
-        sh.observe.counters.notifications.fetch_add(1, Relaxed);
-        let (s, f) = sbs[n.listener].push(sock, n.peer, o);
-        sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
-        sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
-        let mut reg = sh.observe.registry.lock();
-        if ok {
-            reg.sent(path, n.peer, n.token, mid);
-        } else if reg.deregister(n.peer, n.token.as_slice()) {
-            Notifier::count_removed(&sh.observe, 1);
         }
     }
 }

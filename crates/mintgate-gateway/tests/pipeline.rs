@@ -481,6 +481,8 @@ fn metrics_endpoint_serves_prometheus_text_and_observer_json_that_match_the_coun
 fn datagrams_over_max_datagram_are_dropped_and_counted() {
     let mut c = config("127.0.0.1:0");
     c.coap.max_datagram = 300;
+    // whole answers to this unverified client: the subject is the limit
+    c.coap.amplification_factor = 0;
     let (gw, addr) = start(c, resources::default_router());
     let s = client(addr);
     let small = request(MessageType::Con, Code::PUT, 1, b"a", "echo", &[b'x'; 200]);
@@ -497,4 +499,82 @@ fn datagrams_over_max_datagram_are_dropped_and_counted() {
         .unwrap();
     let p = recv(&s).unwrap();
     assert_eq!(Packet::new_checked(&p[..]).unwrap().payload(), &[b'x'; 200]);
+}
+
+#[test]
+fn a_handler_that_panics_answers_5_00_and_its_thread_goes_on() {
+    let mut r = Router::new();
+    r.add(Resource::new("boom").get(|_, _| panic!("a handler bug")))
+        .unwrap();
+    r.add(Resource::new("ok").get(|_, rb| {
+        rb.static_payload(b"fine");
+    }))
+    .unwrap();
+    // one handler thread: if a panic took it, nothing would answer after
+    let mut c = config("127.0.0.1:0");
+    c.pipeline.pool = PoolMode::Fixed(1);
+    let (gw, addr) = start(c, r);
+    let s = client(addr);
+    for i in 0..3u16 {
+        // NON: no empty ACK even if the panic (its backtrace) takes long
+        s.send(&request(
+            MessageType::Non,
+            Code::GET,
+            10 + i,
+            b"p",
+            "boom",
+            b"",
+        ))
+        .unwrap();
+        let b = recv(&s).expect("an answer to the panicking handler");
+        let p = Packet::new_checked(&b[..]).unwrap();
+        assert_eq!(p.code(), Code::INTERNAL_SERVER_ERROR);
+        s.send(&request(
+            MessageType::Con,
+            Code::GET,
+            20 + i,
+            b"q",
+            "ok",
+            b"",
+        ))
+        .unwrap();
+        let b = recv(&s).expect("the thread still serves");
+        assert_eq!(Packet::new_checked(&b[..]).unwrap().payload(), b"fine");
+    }
+    assert_eq!(gw.htp_threads(), 1);
+    let mut m = String::new();
+    gw.handle().extra_metrics(&mut m);
+    assert!(m.contains("mintgate_handler_panics_total 3"), "{m}");
+}
+
+#[test]
+fn separate_responses_are_retransmitted_with_the_random_factor() {
+    // ACK_TIMEOUT 200 ms: the first retransmission comes 200..300 ms after
+    // the separate response, the next one twice that later
+    let mut c = config("127.0.0.1:0");
+    c.coap.separate_response_after_ms = 50;
+    c.coap.ack_timeout_ms = 200;
+    c.coap.max_retransmit = 2;
+    let (gw, addr) = start(c, slow_router(Duration::from_millis(150)));
+    let s = client(addr);
+    s.send(&request(MessageType::Con, Code::GET, 77, b"t", "slow", b""))
+        .unwrap();
+    let ack = recv(&s).expect("empty ACK");
+    assert_eq!(ack.len(), 4);
+    let first = recv(&s).expect("separate response");
+    let t0 = Instant::now();
+    let again = recv(&s).expect("first retransmission");
+    let t1 = t0.elapsed();
+    assert_eq!(first, again);
+    let again2 = recv(&s).expect("second retransmission");
+    let t2 = t0.elapsed();
+    assert_eq!(first, again2);
+    // then given up: nothing more
+    assert!(recv_within(&s, Duration::from_millis(1500)).is_none());
+    assert!(t1 >= Duration::from_millis(190), "{t1:?}");
+    // the timeout doubles: at least 2 x 200 ms (less a timer tick)
+    assert!(t2 - t1 >= Duration::from_millis(370), "{t1:?} then {t2:?}");
+    let mut m = String::new();
+    gw.handle().extra_metrics(&mut m);
+    assert!(m.contains("mintgate_coap_con_given_up_total 1"), "{m}");
 }

@@ -161,7 +161,19 @@ pub struct Transfer {
     rtt: Duration,
     retransmissions: u32,
     exchanges: u32,
+    /// The server's last Echo value (RFC 9175 2.3): every later request of
+    /// the transfer carries it.
+    echo: Option<Vec<u8>>,
+    /// The request handed out last (sent again with Echo after a 4.01
+    /// challenge).
+    last: Option<Request>,
+    /// Echo challenges answered (a server that keeps challenging is
+    /// given up on).
+    challenges: u32,
 }
+
+/// Echo challenges answered in one transfer, at most.
+const MAX_CHALLENGES: u32 = 2;
 
 fn uint(v: u32) -> Vec<u8> {
     encode_uint(v, &mut [0; 4]).to_vec()
@@ -194,6 +206,9 @@ impl Transfer {
             rtt: Duration::ZERO,
             retransmissions: 0,
             exchanges: 0,
+            echo: None,
+            last: None,
+            challenges: 0,
         };
         let first = if body.len() > 16usize << szx {
             let total = body.len();
@@ -223,7 +238,18 @@ impl Transfer {
             }
             r
         };
+        t.last = Some(first.clone());
         (t, first)
+    }
+
+    /// `r` with the server's Echo value, remembered as the last request.
+    fn out(&mut self, mut r: Request) -> Step {
+        r.options.retain(|(n, _)| *n != OptionNumber::ECHO);
+        if let Some(e) = &self.echo {
+            r.options.push((OptionNumber::ECHO, e.clone()));
+        }
+        self.last = Some(r.clone());
+        Step::Send(r)
     }
 
     /// The request carrying the upload's block in flight.
@@ -292,6 +318,17 @@ impl Transfer {
         self.rtt += resp.rtt;
         self.retransmissions += resp.retransmissions;
         self.exchanges += 1;
+        // RFC 9175 2.3: a server's Echo goes back in the next request; a
+        // 4.01 carrying one is a challenge: the same request again, with it
+        if let Some(e) = resp.option(OptionNumber::ECHO) {
+            self.echo = Some(e.to_vec());
+            if resp.code == Code::UNAUTHORIZED && self.challenges < MAX_CHALLENGES {
+                if let Some(last) = self.last.clone() {
+                    self.challenges += 1;
+                    return self.out(last);
+                }
+            }
+        }
         if let Some(up) = &mut self.up {
             let size = 16usize << up.szx;
             let sent_end = (up.offset + size).min(up.body.len());
@@ -308,7 +345,8 @@ impl Transfer {
                 };
                 up.offset = sent_end;
                 up.szx = szx;
-                return Step::Send(self.upload_request());
+                let r = self.upload_request();
+                return self.out(r);
             }
             if resp.code == Code::CONTINUE {
                 return fail("2.31 Continue to the final block");
@@ -362,8 +400,9 @@ impl Transfer {
             }
             down.body.clear();
             down.etag = None;
-            let szx = block2.szx.min(szx_for(self.cfg.block_size));
-            return Step::Send(self.download_request(0, szx));
+            let szx = self.next_szx(0, block2.szx);
+            let r = self.download_request(0, szx);
+            return self.out(r);
         }
         if block2.more && resp.payload.len() != block2.size() {
             return fail(&format!(
@@ -380,12 +419,30 @@ impl Transfer {
         }
         down.body.extend_from_slice(&resp.payload);
         if block2.more {
-            let szx = block2.szx.min(szx_for(self.cfg.block_size));
             let next = down.body.len();
-            return Step::Send(self.download_request(next, szx));
+            let szx = self.next_szx(next, block2.szx);
+            let r = self.download_request(next, szx);
+            return self.out(r);
         }
         let body = self.down.take().map(|d| d.body);
         self.done(resp, body)
+    }
+
+    /// The block size to ask for at `offset` after a block of `server_szx`:
+    /// the server's (or ours, if smaller); once the transfer carries an
+    /// Echo, the server cut the block for a source it had not verified, and
+    /// the Echo verifies it, so the largest size up to ours that `offset`
+    /// is a multiple of.
+    fn next_szx(&self, offset: usize, server_szx: u8) -> u8 {
+        let ours = szx_for(self.cfg.block_size);
+        let base = server_szx.min(ours);
+        if self.echo.is_none() {
+            return base;
+        }
+        (base..=ours)
+            .rev()
+            .find(|s| offset.is_multiple_of(16usize << s))
+            .unwrap_or(base)
     }
 
     fn done(&mut self, mut resp: Response, body: Option<Vec<u8>>) -> Step {

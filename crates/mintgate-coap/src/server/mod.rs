@@ -11,14 +11,20 @@
 pub mod block;
 pub mod block1;
 mod dedup;
+pub mod endpoint;
 pub mod observe;
 mod resource;
 mod response;
+pub mod source;
 
 pub use block1::{Block1Config, Block1Outcome, Block1Stats, Block1Store};
 pub use dedup::{Dedup, Seen};
+pub use endpoint::{
+    Datagram, Endpoint, EndpointConfig, EndpointStats, Incoming, Responded, Ticket, Transmit,
+};
 pub use resource::{Handler, PathTaken, Request, Resource, Router};
 pub use response::{BuildError, Outgoing, ResponseBuilder, Tail, OPTION_SPACE, RESPONSE_HEADROOM};
+pub use source::SourceKey;
 
 use std::net::SocketAddr;
 use std::sync::Mutex;

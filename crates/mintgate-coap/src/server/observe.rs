@@ -1,24 +1,36 @@
 //! Observe (RFC 7641), server side, sans-IO: who observes which resource,
 //! with which token, and what the next notification must carry.
 //!
-//! The registry does not send anything. The gateway registers an observer
-//! when a GET with `Observe: 0` on an observable resource is answered 2.05,
-//! asks [`Registry::plan`] what to send when the resource changes, tells
-//! [`Registry::sent`] the message ID it used, and removes observers on a
-//! Reset, on `Observe: 1`, on a CON notification never acknowledged, or
-//! when a notification is not 2.05.
+//! The registry does not send anything. The server endpoint
+//! ([`super::endpoint::Endpoint`]) registers an observer when a GET with
+//! `Observe: 0` on an observable resource is answered 2.05, asks
+//! [`Registry::plan`] what to send when the resource changes, tells
+//! [`Registry::sent`] the message ID it used, and ends a relation (RFC 7641
+//! 3.6, 4.5) on `Observe: 1`, on a Reset of any of its recent
+//! notifications, on a CON notification never acknowledged, or when a
+//! notification is not 2.05.
 //!
 //! Sequence numbers are per observer, 24 bits, increasing by one per
 //! notification from the value in the registration's response. A
 //! notification is confirmable when `con_every` non-confirmable ones have
-//! gone since the last CON, or when `con_interval` has passed (RFC 7641
-//! 4.5: at least every 24 hours; the default here is much shorter, so that
-//! a client that went away is found out and dropped).
+//! gone since the last CON, when `con_interval` has passed (RFC 7641 4.5:
+//! at least every 24 hours; the default here is much shorter), and the
+//! first one after a registration always is: a registration may come from
+//! a spoofed address, and only a CON that is acknowledged shows that the
+//! observer is there. While a CON notification is unacknowledged no other
+//! notification goes out to that observer; the newest state replaces the
+//! one being retransmitted (RFC 7641 4.5.2), so an observer that went away
+//! costs its retransmissions only, and its relation ends when they do.
+//!
+//! Bounds: `max_observers` in all and `max_per_source` per source (an IPv4
+//! address or an IPv6 /64, [`SourceKey`]), so one host cannot fill the
+//! registry.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use super::source::SourceKey;
 use crate::wire::{OptionNumber, Packet};
 
 /// 2^24: Observe sequence numbers wrap here.
@@ -84,14 +96,17 @@ pub struct ObserveConfig {
     pub con_every: u32,
     /// A CON notification at least this often per observer.
     pub con_interval: Duration,
+    /// Most observers per source (IPv4 address or IPv6 /64).
+    pub max_per_source: usize,
 }
 
 impl Default for ObserveConfig {
     fn default() -> Self {
         ObserveConfig {
             max_observers: 1024,
-            con_every: 10,
+            con_every: 5,
             con_interval: Duration::from_secs(60),
+            max_per_source: 64,
         }
     }
 }
@@ -111,8 +126,14 @@ pub struct Observer {
     pub since_con: u32,
     /// When the last CON went (or the registration).
     pub last_con: Instant,
-    /// Message ID of the last notification (to match a Reset).
-    pub last_mid: Option<u16>,
+    /// Message IDs of the last notifications, newest first (a Reset of
+    /// any of them ends the relation).
+    pub recent_mids: [Option<u16>; RECENT_MIDS],
+    /// Message ID of the CON notification waiting for its ACK.
+    pub con_mid: Option<u16>,
+    /// Length of the registration request: notifications to a source not
+    /// verified are held to a multiple of it (anti-amplification).
+    pub request_len: usize,
     /// The Accept option of the registration: notifications use the same
     /// representation (RFC 7641 3.2).
     pub accept: Option<u16>,
@@ -133,22 +154,70 @@ pub struct Notification {
     pub confirmable: bool,
     /// The registration's Accept option.
     pub accept: Option<u16>,
+    /// The CON notification still unacknowledged, if any: the new one
+    /// replaces it instead of going out at once.
+    pub replaces: Option<u16>,
+    /// Length of the registration request.
+    pub request_len: usize,
+}
+
+/// Message IDs of recent notifications kept per observer.
+pub const RECENT_MIDS: usize = 4;
+
+/// Why an observation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ended {
+    /// The client sent `Observe: 1`.
+    Deregistered,
+    /// The client answered a notification with a Reset.
+    Reset,
+    /// A CON notification was never acknowledged.
+    Unacknowledged,
+    /// A notification was not 2.05 (the resource is gone or failed).
+    NotContent,
+}
+
+impl Ended {
+    /// Every reason, in the order metrics list them.
+    pub const ALL: [Ended; 4] = [
+        Ended::Deregistered,
+        Ended::Reset,
+        Ended::Unacknowledged,
+        Ended::NotContent,
+    ];
+
+    /// A short name for metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ended::Deregistered => "deregistered",
+            Ended::Reset => "reset",
+            Ended::Unacknowledged => "unacknowledged",
+            Ended::NotContent => "not_content",
+        }
+    }
 }
 
 /// The observers of every resource.
 ///
 /// Invariants: one observer per (peer, token) in all; `count` is the
-/// number of observers; a path with no observers has no entry.
+/// number of observers; a path with no observers has no entry;
+/// `per_source` holds the number of observers of each source that has any.
 #[derive(Debug, Default)]
 pub struct Registry {
     cfg: ObserveConfig,
     by_path: HashMap<String, Vec<Observer>>,
     count: usize,
+    per_source: HashMap<SourceKey, usize>,
 }
 
-/// The registry is full.
+/// Why a registration was refused (it is answered as a plain GET).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Full;
+pub enum Full {
+    /// `max_observers` in all.
+    Total,
+    /// `max_per_source` for this source.
+    Source,
+}
 
 impl Registry {
     /// An empty registry.
@@ -157,7 +226,13 @@ impl Registry {
             cfg,
             by_path: HashMap::new(),
             count: 0,
+            per_source: HashMap::new(),
         }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ObserveConfig {
+        &self.cfg
     }
 
     /// Observers in all.
@@ -176,8 +251,9 @@ impl Registry {
     }
 
     /// Registers (or re-registers: same peer and token) an observer of
-    /// `path` that asked for the Content-Format `accept`; returns the
-    /// Observe value for the response.
+    /// `path` that asked for the Content-Format `accept` in a request of
+    /// `request_len` bytes; returns the Observe value for the response.
+    #[allow(clippy::too_many_arguments)]
     pub fn register(
         &mut self,
         path: &str,
@@ -185,14 +261,22 @@ impl Registry {
         token: &[u8],
         listener: usize,
         accept: Option<u16>,
+        request_len: usize,
         now: Instant,
     ) -> Result<u32, Full> {
         let token = Token::new(token);
         let existing = self.take(peer, token);
-        if existing.is_none() && self.count >= self.cfg.max_observers {
-            return Err(Full);
+        if existing.is_none() {
+            if self.count >= self.cfg.max_observers {
+                return Err(Full::Total);
+            }
+            let src = SourceKey::of(&peer);
+            if self.per_source.get(&src).copied().unwrap_or(0) >= self.cfg.max_per_source {
+                return Err(Full::Source);
+            }
         }
         let seq = existing.map_or(1, |o| (o.seq + 1) % SEQ_MODULO);
+        *self.per_source.entry(SourceKey::of(&peer)).or_insert(0) += 1;
         self.by_path
             .entry(path.to_string())
             .or_default()
@@ -201,9 +285,12 @@ impl Registry {
                 token,
                 listener,
                 seq,
-                since_con: 0,
+                // the first notification is confirmable
+                since_con: self.cfg.con_every.max(1),
                 last_con: now,
-                last_mid: None,
+                recent_mids: [None; RECENT_MIDS],
+                con_mid: None,
+                request_len,
                 accept,
             });
         self.count += 1;
@@ -218,10 +305,29 @@ impl Registry {
             }
             !v.is_empty()
         });
-        if found.is_some() {
+        if let Some(o) = &found {
             self.count -= 1;
+            self.uncount(&o.peer);
         }
         found
+    }
+
+    fn uncount(&mut self, peer: &SocketAddr) {
+        let src = SourceKey::of(peer);
+        if let Some(n) = self.per_source.get_mut(&src) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&src);
+            }
+        }
+    }
+
+    /// Observers of the source (IPv4 address or IPv6 /64) of `peer`.
+    pub fn of_source(&self, peer: &SocketAddr) -> usize {
+        self.per_source
+            .get(&SourceKey::of(peer))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Removes the observer (peer, token); returns whether there was one.
@@ -229,22 +335,41 @@ impl Registry {
         self.take(peer, Token::new(token)).is_some()
     }
 
-    /// Removes the observer whose last notification had message ID `mid`
-    /// (a Reset from `peer`, or a CON never acknowledged).
+    /// Removes the observer one of whose recent notifications (or the CON
+    /// one outstanding) had message ID `mid`: `peer` answered it with a
+    /// Reset.
     pub fn remove_by_mid(&mut self, peer: SocketAddr, mid: u16) -> Option<Observer> {
         let key = self
             .by_path
             .values()
             .flatten()
-            .find(|o| o.peer == peer && o.last_mid == Some(mid))
+            .find(|o| {
+                o.peer == peer && (o.con_mid == Some(mid) || o.recent_mids.contains(&Some(mid)))
+            })
             .map(|o| o.token)?;
         self.take(peer, key)
+    }
+
+    /// `peer` acknowledged the CON notification `mid`: the next
+    /// notification goes out at once again. False when no observer waited
+    /// for that ACK.
+    pub fn acked(&mut self, peer: SocketAddr, token: Token, mid: u16) -> bool {
+        for o in self.by_path.values_mut().flatten() {
+            if o.peer == peer && o.token == token && o.con_mid == Some(mid) {
+                o.con_mid = None;
+                return true;
+            }
+        }
+        false
     }
 
     /// Removes every observer of `path` (the resource is gone).
     pub fn remove_path(&mut self, path: &str) -> Vec<Observer> {
         let v = self.by_path.remove(path).unwrap_or_default();
         self.count -= v.len();
+        for o in &v {
+            self.uncount(&o.peer);
+        }
         v
     }
 
@@ -258,7 +383,9 @@ impl Registry {
         v.iter_mut()
             .map(|o| {
                 o.seq = (o.seq + 1) % SEQ_MODULO;
-                let con = o.since_con + 1 >= cfg.con_every.max(1)
+                // a replacement for the CON in flight stays confirmable
+                let con = o.con_mid.is_some()
+                    || o.since_con + 1 >= cfg.con_every.max(1)
                     || now.saturating_duration_since(o.last_con) >= cfg.con_interval;
                 if con {
                     o.since_con = 0;
@@ -273,19 +400,26 @@ impl Registry {
                     seq: o.seq,
                     confirmable: con,
                     accept: o.accept,
+                    replaces: o.con_mid,
+                    request_len: o.request_len,
                 }
             })
             .collect()
     }
 
-    /// Records the message ID a notification went with.
-    pub fn sent(&mut self, path: &str, peer: SocketAddr, token: Token, mid: u16) {
+    /// Records the message ID a notification went with (for a CON, the one
+    /// whose ACK is now awaited).
+    pub fn sent(&mut self, path: &str, peer: SocketAddr, token: Token, mid: u16, con: bool) {
         if let Some(o) = self
             .by_path
             .get_mut(path)
             .and_then(|v| v.iter_mut().find(|o| o.peer == peer && o.token == token))
         {
-            o.last_mid = Some(mid);
+            o.recent_mids.rotate_right(1);
+            o.recent_mids[0] = Some(mid);
+            if con {
+                o.con_mid = Some(mid);
+            }
         }
     }
 }
@@ -314,15 +448,20 @@ mod tests {
             max_observers: 2,
             con_every: 3,
             con_interval: Duration::from_secs(60),
+            max_per_source: 8,
         });
         let t0 = Instant::now();
-        assert_eq!(r.register("s/t", peer(1), b"ab", 0, None, t0), Ok(1));
-        assert_eq!(r.register("s/t", peer(2), b"ab", 0, None, t0), Ok(1));
-        assert_eq!(r.register("s/u", peer(3), b"x", 0, None, t0), Err(Full));
+        assert_eq!(r.register("s/t", peer(1), b"ab", 0, None, 20, t0), Ok(1));
+        assert_eq!(r.register("s/t", peer(2), b"ab", 0, None, 20, t0), Ok(1));
+        assert_eq!(
+            r.register("s/u", peer(3), b"x", 0, None, 20, t0),
+            Err(Full::Total)
+        );
         // re-registration keeps one entry and moves the sequence on
-        assert_eq!(r.register("s/t", peer(1), b"ab", 0, None, t0), Ok(2));
+        assert_eq!(r.register("s/t", peer(1), b"ab", 0, None, 20, t0), Ok(2));
         assert_eq!(r.len(), 2);
-        let cons: Vec<bool> = (0..6)
+        assert_eq!(r.of_source(&peer(1)), 2, "one host, two ports");
+        let cons: Vec<bool> = (0..7)
             .map(|_| {
                 r.plan("s/t", t0)
                     .iter()
@@ -331,20 +470,51 @@ mod tests {
                     .confirmable
             })
             .collect();
-        assert_eq!(cons, vec![false, false, true, false, false, true]);
+        // the first is CON, then every third
+        assert_eq!(cons, vec![true, false, false, true, false, false, true]);
         let n = r.plan("s/t", t0 + Duration::from_secs(61));
         assert!(n.iter().all(|n| n.confirmable), "the interval forces a CON");
-        assert_eq!(n.iter().find(|n| n.peer == peer(1)).unwrap().seq, 9);
-        r.sent("s/t", peer(2), Token::new(b"ab"), 77);
+        assert_eq!(n.iter().find(|n| n.peer == peer(1)).unwrap().seq, 10);
+        r.sent("s/t", peer(2), Token::new(b"ab"), 77, false);
+        r.sent("s/t", peer(2), Token::new(b"ab"), 78, true);
         assert!(
             r.remove_by_mid(peer(1), 77).is_none(),
             "the MID is peer 2's"
         );
+        // a CON in flight makes the next one replace it
+        let n = r.plan("s/t", t0);
+        let p2 = n.iter().find(|n| n.peer == peer(2)).unwrap();
+        assert_eq!((p2.replaces, p2.confirmable), (Some(78), true));
+        assert!(r.acked(peer(2), Token::new(b"ab"), 78));
+        assert!(!r.acked(peer(2), Token::new(b"ab"), 78));
+        // an older NON's MID still ends it
         assert_eq!(r.remove_by_mid(peer(2), 77).map(|o| o.peer), Some(peer(2)));
         assert!(r.deregister(peer(1), b"ab"));
         assert!(!r.deregister(peer(1), b"ab"));
         assert!(r.is_empty());
+        assert_eq!(r.of_source(&peer(1)), 0);
         assert!(r.plan("s/t", t0).is_empty());
+    }
+
+    #[test]
+    fn a_source_has_its_share() {
+        let mut r = Registry::new(ObserveConfig {
+            max_observers: 100,
+            max_per_source: 3,
+            ..ObserveConfig::default()
+        });
+        let t = Instant::now();
+        for p in 0..3 {
+            assert!(r.register("a", peer(p), b"t", 0, None, 20, t).is_ok());
+        }
+        assert_eq!(
+            r.register("a", peer(9), b"t", 0, None, 20, t),
+            Err(Full::Source)
+        );
+        let other = SocketAddr::from(([127, 0, 0, 2], 1));
+        assert!(r.register("a", other, b"t", 0, None, 20, t).is_ok());
+        r.remove_path("a");
+        assert!(r.register("a", peer(9), b"t", 0, None, 20, t).is_ok());
     }
 
     #[test]
@@ -363,18 +533,21 @@ mod tests {
     proptest! {
         #[test]
         fn count_matches_entries(ops in proptest::collection::vec((0u8..4, 0u16..4, 0u8..3), 0..60)) {
-            let mut r = Registry::new(ObserveConfig { max_observers: 5, ..ObserveConfig::default() });
+            let mut r = Registry::new(ObserveConfig { max_observers: 5, max_per_source: 3, ..ObserveConfig::default() });
             let t = Instant::now();
             for (op, p, tok) in ops {
                 let path = if tok == 0 { "a" } else { "b" };
                 match op {
-                    0 | 1 => { let _ = r.register(path, peer(p), &[tok], 0, None, t); }
+                    0 | 1 => { let _ = r.register(path, peer(p), &[tok], 0, None, 20, t); }
                     2 => { r.deregister(peer(p), &[tok]); }
                     _ => { r.remove_path(path); }
                 }
                 let entries: usize = ["a", "b"].iter().map(|p| r.observers(p).len()).sum();
                 prop_assert_eq!(entries, r.len());
                 prop_assert!(r.len() <= 5);
+                let by_source: usize = [1u16].iter().map(|p| r.of_source(&peer(*p))).sum();
+                prop_assert_eq!(by_source, r.len(), "all peers are one host");
+                prop_assert!(r.len() <= 3);
             }
         }
     }

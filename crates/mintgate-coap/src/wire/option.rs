@@ -44,6 +44,9 @@ impl OptionNumber {
     pub const PROXY_SCHEME: OptionNumber = OptionNumber(39);
     /// Size1
     pub const SIZE1: OptionNumber = OptionNumber(60);
+    /// Echo (RFC 9175 2): a server's freshness or reachability challenge,
+    /// repeated by the client; elective, safe to forward, no cache key.
+    pub const ECHO: OptionNumber = OptionNumber(252);
     /// No-Response (RFC 7967)
     pub const NO_RESPONSE: OptionNumber = OptionNumber(258);
     /// mintgate's Access-Token (opaque, 1..=255 bytes): a credential for
@@ -118,8 +121,8 @@ macro_rules! def {
     };
 }
 
-/// RFC 7252 table 4, plus Observe, Block1/2, Size2 and No-Response.
-static DEFS: [OptionDef; 20] = [
+/// RFC 7252 table 4, plus Observe, Block1/2, Size2, Echo and No-Response.
+static DEFS: [OptionDef; 21] = [
     def!(IF_MATCH, "If-Match", Opaque, 0, 8, true),
     def!(URI_HOST, "Uri-Host", String, 1, 255, false),
     def!(ETAG, "ETag", Opaque, 1, 8, true),
@@ -139,6 +142,7 @@ static DEFS: [OptionDef; 20] = [
     def!(PROXY_URI, "Proxy-Uri", String, 1, 1034, false),
     def!(PROXY_SCHEME, "Proxy-Scheme", String, 1, 255, false),
     def!(SIZE1, "Size1", Uint, 0, 4, false),
+    def!(ECHO, "Echo", Opaque, 1, 40, false),
     def!(NO_RESPONSE, "No-Response", Uint, 0, 1, false),
 ];
 

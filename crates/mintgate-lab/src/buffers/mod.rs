@@ -10,8 +10,8 @@
 //!   `udp` module): no byte is copied in user space.
 //! - `coap`: a NON GET answered with an n-byte payload that the application
 //!   holds in its own buffer, through the server code the gateway runs
-//!   (classify, de-duplication, `handle_request` with a router and a
-//!   resource, the response builder, `sendmmsg` of head + payload). The
+//!   (the server endpoint: classify, de-duplication, a router and a
+//!   resource, the response builder; `sendmmsg` of head + payload). The
 //!   handler writes the payload once into the response block (n copied).
 //! - `coap-static`: the same with a payload in static memory, sent by
 //!   reference (no payload byte copied).
@@ -53,8 +53,8 @@ use anyhow::Context as _;
 pub mod http;
 use mintgate_buf::{Accounting, BlockMut, Layer, LayerSnapshot, PartitionConfig, Pool};
 use mintgate_coap::server::{
-    bad_critical_option, classify, handle_request, Answer, Dedup, Inbound, Outgoing, Request,
-    Resource, Router, Seen, Tail,
+    bad_critical_option, Datagram, Dedup, Endpoint, EndpointConfig, Incoming, Outgoing, Request,
+    Resource, Responded, Router, Seen, Tail,
 };
 use mintgate_coap::wire::{
     head_len, Code, ContentFormat, MessageType, MessageWriter, OptionNumber, Packet,
@@ -569,18 +569,31 @@ fn dedup<R>() -> Dedup<R> {
     Dedup::new(4096, Duration::from_secs(247), Duration::from_secs(145))
 }
 
-/// mintgate's CoAP server path: a max-size receive block, classify,
-/// de-duplicate, `handle_request` (router, resource, response builder),
-/// `sendmmsg` of head + payload, as the gateway's receiver and handler do.
+/// mintgate's CoAP server path: a max-size receive block, the server
+/// endpoint (classify, de-duplicate, route, handle, answer in the response
+/// builder's pool blocks), `sendmmsg` of head + payload, as the gateway's
+/// receiver and handler do.
 struct MintCoap {
     pool: Pool,
     router: Router,
-    dedup: Dedup<Outgoing>,
+    endpoint: Endpoint,
     rb: RecvBatch,
     sb: SendBatch,
     blocks: Vec<BlockMut>,
     got: Vec<Received>,
-    mid: u16,
+}
+
+/// The endpoint of the lab's mintgate path: whole answers (the paper's
+/// accounting has no anti-amplification cut), up to the lab's sizes.
+fn lab_endpoint(pool: &Pool) -> Endpoint {
+    let cfg = EndpointConfig {
+        amplification_factor: 0,
+        max_payload: MAX_N,
+        dedup_capacity: 4096,
+        handler_slots: 1,
+        ..EndpointConfig::default()
+    };
+    Endpoint::new(cfg, pool.clone(), Instant::now())
 }
 
 impl Step for MintCoap {
@@ -601,31 +614,37 @@ impl Step for MintCoap {
         if info.truncated {
             return Ok(false);
         }
-        let Inbound::Request(p) = classify(block.as_slice()) else {
+        let now = Instant::now();
+        let Incoming::Request { .. } =
+            self.endpoint
+                .handle_datagram(now, info.peer, 0, block.as_slice())
+        else {
             return Ok(false);
         };
-        let con = p.msg_type() == MessageType::Con;
-        if !matches!(
-            self.dedup
-                .check(Instant::now(), info.peer, p.message_id(), con),
-            Seen::New
-        ) {
+        let Ok(p) = Packet::new_checked(block.as_slice()) else {
             return Ok(false);
-        }
+        };
+        let ticket = self.endpoint.begin(0, now, info.peer, 0, &p, true);
         let req = Request {
             peer: info.peer,
             packet: &p,
             identity: None,
         };
-        self.mid = self.mid.wrapping_add(1);
-        match handle_request(&self.router, &self.pool, &req, self.mid, MAX_N) {
-            Answer::Send(o) => {
+        let handled = self.endpoint.process(now, &self.router, &req);
+        match self
+            .endpoint
+            .respond(now, ticket, &self.router, &req, handled)
+        {
+            Responded::Send(t) => {
+                let Datagram::Message(o) = t.datagram else {
+                    return Ok(false);
+                };
                 self.sb.push(sock, info.peer, o);
                 let (sent, _) = sys_call(sys, || self.sb.flush(sock));
                 Ok(sent == 1)
             }
-            Answer::Silent => Ok(false),
-            Answer::Exhausted => Err(other("the lab pool is exhausted")),
+            Responded::Silent => Ok(false),
+            Responded::Exhausted => Err(other("the lab pool is exhausted")),
         }
     }
 
@@ -750,16 +769,18 @@ fn make_step(path: PathKind, imp: Impl) -> anyhow::Result<Box<dyn Step>> {
         (PathKind::Echo, Impl::Naive) => Box::new(NaiveEcho {
             acc: Accounting::default(),
         }),
-        (PathKind::Coap | PathKind::CoapStatic, Impl::Mintgate) => Box::new(MintCoap {
-            pool: pool(),
-            router: lab_router(),
-            dedup: dedup(),
-            rb: RecvBatch::new(1),
-            sb: SendBatch::new(1),
-            blocks: Vec::with_capacity(1),
-            got: Vec::with_capacity(1),
-            mid: 0,
-        }),
+        (PathKind::Coap | PathKind::CoapStatic, Impl::Mintgate) => {
+            let pool = pool();
+            Box::new(MintCoap {
+                endpoint: lab_endpoint(&pool),
+                pool,
+                router: lab_router(),
+                rb: RecvBatch::new(1),
+                sb: SendBatch::new(1),
+                blocks: Vec::with_capacity(1),
+                got: Vec::with_capacity(1),
+            })
+        }
         (PathKind::Coap | PathKind::CoapStatic, Impl::Naive) => Box::new(NaiveCoap {
             acc: Accounting::default(),
             dedup: dedup(),
@@ -958,6 +979,9 @@ fn gateway_check(msgs: usize) -> anyhow::Result<Vec<GatewayCheck>> {
     cfg.pipeline.pool = PoolMode::Fixed(1);
     // only the receiver thread takes receive blocks, one per datagram
     cfg.pipeline.handler_receives = false;
+    // the paper's accounting is of whole answers: a cut one (for an
+    // unverified source) is a copy the paper's pipeline does not have
+    cfg.coap.amplification_factor = 0;
     cfg.buffers.partitions = lab_partitions()
         .into_iter()
         .map(|p| config::Partition {

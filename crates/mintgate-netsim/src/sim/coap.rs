@@ -1,8 +1,9 @@
 //! mintgate's sans-IO CoAP client and server as simulator apps.
 //!
-//! [`CoapServer`] runs the server's message and request layers
-//! (`mintgate_coap::server`: classification, (peer, MID) de-duplication
-//! with byte-for-byte replay, routing, the pooled response builder) with a
+//! [`CoapServer`] runs mintgate's server endpoint
+//! (`mintgate_coap::server::Endpoint`: classification, (peer, MID)
+//! de-duplication with byte-for-byte replay, separate responses, CON
+//! retransmissions, Observe, address validation) and its router, with a
 //! fixed processing time per request. [`CoapClient`] drives
 //! `mintgate_coap::client::Client`, with the chosen RTO controller, through
 //! a workload of CON or NON GETs and records one [`Outcome`] per request.
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use mintgate_buf::{PartitionConfig, Pool};
 use mintgate_coap::client::{Client, ClientConfig, Event, ExchangeId, Request};
 use mintgate_coap::rto::{Algorithm, TransmissionParams};
-use mintgate_coap::server::{self, Answer, Dedup, Inbound, Router, Seen};
+use mintgate_coap::server::{self, Endpoint, EndpointConfig, Incoming, Responded, Router, Ticket};
 use mintgate_coap::wire::{Code, MessageType, OptionNumber, Packet as CoapPacket};
 
 use super::{App, Packet, Send};
@@ -39,17 +40,20 @@ pub struct ServerStats {
     pub dropped: u64,
 }
 
-/// An answer being produced: ready at, peer, MID if CON, bytes, tag.
-type Working = (Instant, SocketAddr, Option<u16>, Vec<u8>, u64);
+/// A request being processed: ready at, the request, its ticket, its tag.
+type Working = (Instant, Vec<u8>, Ticket, u64);
 
-/// A CoAP server node: mintgate's server code behind a simulated socket.
+/// Requests in processing at once, at most (one endpoint handler slot
+/// each).
+const SLOTS: usize = 4096;
+
+/// A CoAP server node: mintgate's server endpoint behind a simulated socket.
 pub struct CoapServer {
     router: Router,
-    pool: Pool,
-    dedup: Dedup<Vec<u8>>,
+    endpoint: std::sync::Arc<Endpoint>,
     processing: Duration,
-    next_mid: u16,
-    /// Answers being produced, in ready order (the processing time is the
+    next_slot: usize,
+    /// Requests being processed, in ready order (the processing time is the
     /// same for all).
     working: VecDeque<Working>,
     stats: ServerStats,
@@ -58,17 +62,40 @@ pub struct CoapServer {
 impl CoapServer {
     /// A server with `router`, answering each new request after
     /// `processing` (a sensor read, say); duplicates are answered at once.
+    /// Every answer is piggybacked, however long the processing (as the
+    /// papers' servers answered): no empty ACK and separate response.
     pub fn new(router: Router, processing: Duration) -> CoapServer {
-        let params = TransmissionParams::default();
+        let cfg = EndpointConfig {
+            separate_after: Duration::from_secs(86_400),
+            ..EndpointConfig::default()
+        };
+        CoapServer::with_config(router, processing, cfg)
+    }
+
+    /// [`CoapServer::new`] with the endpoint's settings.
+    pub fn with_config(
+        router: Router,
+        processing: Duration,
+        mut cfg: EndpointConfig,
+    ) -> CoapServer {
+        cfg.handler_slots = SLOTS;
+        cfg.dedup_capacity = cfg.dedup_capacity.min(4096);
+        let pool = Pool::new(&[PartitionConfig {
+            block_size: 1280,
+            blocks: 256,
+        }]);
+        // the simulation's clock starts at the epoch the simulator picks;
+        // Echo timestamps only need a fixed start
+        let endpoint = std::sync::Arc::new(Endpoint::new(cfg, pool.clone(), Instant::now()));
+        // cached answers hold pool blocks: when the pool runs dry the oldest
+        // give theirs back, as in the gateway
+        let weak = std::sync::Arc::downgrade(&endpoint);
+        pool.set_reclaimer(move || weak.upgrade().map_or(0, |e| e.reclaim(64)));
         CoapServer {
             router,
-            pool: Pool::new(&[PartitionConfig {
-                block_size: 1280,
-                blocks: 64,
-            }]),
-            dedup: Dedup::new(4096, params.exchange_lifetime(), params.non_lifetime()),
+            endpoint,
             processing,
-            next_mid: 1,
+            next_slot: 0,
             working: VecDeque::new(),
             stats: ServerStats::default(),
         }
@@ -94,86 +121,116 @@ impl CoapServer {
     pub fn stats(&self) -> ServerStats {
         self.stats
     }
+
+    /// The endpoint (its counters, observers, tables).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The resource at `path` changed: its observers are notified now.
+    pub fn notify(&mut self, now: Instant, path: &str, out: &mut Vec<Send>) {
+        let mut ts = Vec::new();
+        self.endpoint.notify(now, &self.router, path, &mut ts);
+        for t in ts {
+            out.push(Send {
+                dst: t.peer,
+                bytes: t.datagram.to_vec(),
+                after: Duration::ZERO,
+                tag: 0,
+            });
+        }
+    }
 }
 
 impl App for CoapServer {
     fn on_packet(&mut self, now: Instant, pkt: &Packet, out: &mut Vec<Send>) {
-        match server::classify(&pkt.bytes) {
-            Inbound::Request(p) => {
-                let con = p.msg_type() == MessageType::Con;
-                let mid = p.message_id();
-                match self.dedup.check(now, pkt.src, mid, con) {
-                    Seen::New => {}
-                    Seen::Replay(r) => {
-                        self.stats.replays += 1;
-                        out.push(Send {
-                            dst: pkt.src,
-                            bytes: r.clone(),
-                            after: Duration::ZERO,
-                            tag: pkt.tag,
-                        });
-                        return;
-                    }
-                    Seen::InProgress | Seen::Duplicate => {
-                        self.stats.duplicates += 1;
-                        return;
-                    }
-                }
-                self.stats.requests += 1;
-                let req = server::Request {
-                    peer: pkt.src,
-                    packet: &p,
-                    identity: None,
+        let answer = match self.endpoint.handle_datagram(now, pkt.src, 0, &pkt.bytes) {
+            Incoming::Request { .. } => {
+                let Ok(p) = CoapPacket::new_checked(&pkt.bytes[..]) else {
+                    self.stats.dropped += 1;
+                    return;
                 };
-                let non_mid = self.next_mid;
-                self.next_mid = self.next_mid.wrapping_add(1);
-                match server::handle_request(&self.router, &self.pool, &req, non_mid, 1024) {
-                    Answer::Send(o) => {
-                        // a duplicate arriving meanwhile finds it in progress
-                        // (and is dropped), as in the gateway
-                        let bytes = o.to_vec();
-                        let ready = now + self.processing;
-                        let mid = con.then_some(mid);
-                        self.working
-                            .push_back((ready, pkt.src, mid, bytes, pkt.tag));
-                        self.on_timeout(now, out);
-                    }
-                    Answer::Silent => {}
-                    Answer::Exhausted => {
-                        self.dedup.forget(pkt.src, mid);
-                        self.stats.dropped += 1;
-                    }
-                }
+                self.stats.requests += 1;
+                let slot = self.next_slot;
+                self.next_slot = (self.next_slot + 1) % SLOTS;
+                let ticket = self.endpoint.begin(slot, now, pkt.src, 0, &p, false);
+                // a duplicate arriving meanwhile finds it in progress (and
+                // is dropped), as in the gateway
+                self.working
+                    .push_back((now + self.processing, pkt.bytes.clone(), ticket, pkt.tag));
+                self.on_timeout(now, out);
+                return;
             }
-            Inbound::Reset(rst, _) => out.push(Send {
+            Incoming::Duplicate(t) => {
+                match t {
+                    Some(_) => self.stats.replays += 1,
+                    None => self.stats.duplicates += 1,
+                }
+                t
+            }
+            Incoming::Malformed(t) | Incoming::Ignored(t) => {
+                if t.is_none() {
+                    self.stats.dropped += 1;
+                }
+                t
+            }
+            Incoming::Consumed => None,
+        };
+        if let Some(t) = answer {
+            out.push(Send {
                 dst: pkt.src,
-                bytes: rst.to_vec(),
+                bytes: t.datagram.to_vec(),
                 after: Duration::ZERO,
                 tag: pkt.tag,
-            }),
-            Inbound::Ack(_) | Inbound::PeerReset(_) | Inbound::Drop(_) => self.stats.dropped += 1,
+            });
         }
     }
 
     fn on_timeout(&mut self, now: Instant, out: &mut Vec<Send>) {
         while self.working.front().is_some_and(|w| w.0 <= now) {
-            let Some((_, peer, mid, bytes, tag)) = self.working.pop_front() else {
+            let Some((_, bytes, ticket, tag)) = self.working.pop_front() else {
                 break;
             };
-            if let Some(mid) = mid {
-                self.dedup.complete(peer, mid, bytes.clone());
+            let Ok(p) = CoapPacket::new_checked(&bytes[..]) else {
+                continue;
+            };
+            let req = server::Request {
+                peer: ticket.peer(),
+                packet: &p,
+                identity: None,
+            };
+            let handled = self.endpoint.process(now, &self.router, &req);
+            match self
+                .endpoint
+                .respond(now, ticket, &self.router, &req, handled)
+            {
+                Responded::Send(t) => out.push(Send {
+                    dst: t.peer,
+                    bytes: t.datagram.to_vec(),
+                    after: Duration::ZERO,
+                    tag,
+                }),
+                Responded::Silent => {}
+                Responded::Exhausted => self.stats.dropped += 1,
             }
+        }
+        self.endpoint.handle_timeout(now);
+        while let Some(t) = self.endpoint.poll_transmit() {
             out.push(Send {
-                dst: peer,
-                bytes,
+                dst: t.peer,
+                bytes: t.datagram.to_vec(),
                 after: Duration::ZERO,
-                tag,
+                tag: 0,
             });
         }
     }
 
     fn next_timeout(&mut self) -> Option<Instant> {
-        self.working.front().map(|w| w.0)
+        let w = self.working.front().map(|w| w.0);
+        match (w, self.endpoint.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
