@@ -16,7 +16,7 @@ mod resource;
 mod response;
 
 pub use block1::{Block1Config, Block1Outcome, Block1Stats, Block1Store};
-pub use dedup::{Dedup, Seen};
+pub use dedup::{Dedup, DedupSize, DedupStats, Seen, Weigh, DEFAULT_BYTES_PER_ENTRY};
 pub use resource::{Handler, PathTaken, Request, Resource, Router};
 pub use response::{BuildError, Outgoing, ResponseBuilder, Tail, OPTION_SPACE, RESPONSE_HEADROOM};
 
