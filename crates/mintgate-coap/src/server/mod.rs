@@ -14,11 +14,13 @@ mod dedup;
 pub mod observe;
 mod resource;
 mod response;
+mod source;
 
 pub use block1::{Block1Config, Block1Outcome, Block1Stats, Block1Store};
 pub use dedup::{Dedup, DedupSize, DedupStats, Seen, Weigh, DEFAULT_BYTES_PER_ENTRY};
 pub use resource::{Handler, PathTaken, Request, Resource, Router};
 pub use response::{BuildError, Outgoing, ResponseBuilder, Tail, OPTION_SPACE, RESPONSE_HEADROOM};
+pub use source::Source;
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
