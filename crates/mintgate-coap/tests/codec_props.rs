@@ -6,7 +6,8 @@
 //!     canonical, see `arbitrary_bytes_never_panic_and_reencode_exactly`);
 //! (c) each message-format error as a generated family;
 //! (d) `classify` on arbitrary bytes;
-//! (e) `Dedup` against a reference model in virtual time;
+//! (e) `Dedup` against a reference model in virtual time, and its bounds
+//!     (entries, queue slots, bytes) under any sequence of calls;
 //! (f) the Block1/Block2 option values (RFC 7959 2.2) as uint options in
 //!     messages, and `block_request` on arbitrary datagrams.
 //!
@@ -722,6 +723,113 @@ proptest! {
     #[test]
     fn dedup_matches_model_mixed_lifetimes(ops in ops_strategy(any::<bool>())) {
         run_dedup_model(&ops, CON_LIFE, NON_LIFE)?;
+    }
+}
+
+/// Every call of `Dedup`, forgets and early evictions included.
+#[derive(Clone, Debug)]
+enum FullOp {
+    Check { peer: u8, mid: u16, con: bool },
+    Complete { peer: u8, mid: u16, len: usize },
+    Forget { peer: u8, mid: u16 },
+    Evict(usize),
+    Advance(Duration),
+}
+
+/// A `Seen` as (kind, replayed value) for comparing caches of two types.
+fn flat<R>(s: Seen<'_, R>, f: impl Fn(&R) -> u32) -> (u8, Option<u32>) {
+    match s {
+        Seen::New => (0, None),
+        Seen::InProgress => (1, None),
+        Seen::Replay(r) => (2, Some(f(r))),
+        Seen::Duplicate => (3, None),
+    }
+}
+
+fn full_op() -> impl Strategy<Value = FullOp> {
+    prop_oneof![
+        5 => (0u8..4, 0u16..6, any::<bool>())
+            .prop_map(|(peer, mid, con)| FullOp::Check { peer, mid, con }),
+        3 => (0u8..4, 0u16..6, 0usize..600)
+            .prop_map(|(peer, mid, len)| FullOp::Complete { peer, mid, len }),
+        3 => (0u8..4, 0u16..6).prop_map(|(peer, mid)| FullOp::Forget { peer, mid }),
+        1 => (0usize..4).prop_map(FullOp::Evict),
+        2 => prop_oneof![
+            (0u64..3_000).prop_map(Duration::from_millis),
+            select(vec![NON_LIFE, CON_LIFE, CON_LIFE - NON_LIFE]),
+        ]
+        .prop_map(FullOp::Advance),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever the sequence, the map and the queue stay in step (one live
+    /// slot per entry, at most 2 x capacity + 1 slots), the entries stay
+    /// within `capacity` and the cached bytes within `max_bytes` and equal
+    /// to what the entries weigh.
+    #[test]
+    fn dedup_invariants_hold_under_any_sequence(
+        ops in vec(full_op(), 1..150),
+        cap in 1usize..8,
+        max_bytes in 0usize..1500,
+    ) {
+        let mut d: Dedup<Vec<u8>> = Dedup::new(cap, CON_LIFE, NON_LIFE).with_max_bytes(max_bytes);
+        let mut now = Instant::now();
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                FullOp::Check { peer, mid, con } => {
+                    d.check(now, peer_addr(peer), mid, con);
+                }
+                FullOp::Complete { peer, mid, len } => {
+                    d.complete(peer_addr(peer), mid, vec![0; len])
+                }
+                FullOp::Forget { peer, mid } => d.forget(peer_addr(peer), mid),
+                FullOp::Evict(n) => {
+                    let before = d.len();
+                    let gone = d.evict(n);
+                    prop_assert_eq!(gone, n.min(before));
+                    prop_assert_eq!(d.len(), before - gone);
+                }
+                FullOp::Advance(dt) => now += dt,
+            }
+            if let Err(e) = d.check_invariants() {
+                return Err(TestCaseError::fail(format!("op #{i} {op:?}: {e}")));
+            }
+        }
+    }
+
+    /// With bounds never reached, forgetting is exactly removal: the cache
+    /// agrees with the reference model (which has no queue at all).
+    #[test]
+    fn dedup_with_forget_matches_model(ops in vec(full_op(), 1..120)) {
+        let cap = ops.len() + 1;
+        let mut d: Dedup<Vec<u8>> = Dedup::new(cap, CON_LIFE, NON_LIFE).with_max_bytes(usize::MAX);
+        let mut model = Model::default();
+        let mut now = Instant::now();
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                FullOp::Check { peer, mid, con } => {
+                    let got = d.check(now, peer_addr(peer), mid, con);
+                    let got = flat(got, |r| r.len() as u32);
+                    let want = flat(model.check(now, (peer, mid), con, (CON_LIFE, NON_LIFE)), |r| *r);
+                    prop_assert_eq!(got, want, "op #{} {:?}", i, op);
+                }
+                FullOp::Complete { peer, mid, len } => {
+                    d.complete(peer_addr(peer), mid, vec![0; len]);
+                    model.complete(now, (peer, mid), len as u32);
+                }
+                FullOp::Forget { peer, mid } => {
+                    d.forget(peer_addr(peer), mid);
+                    model.map.remove(&(peer, mid));
+                }
+                FullOp::Evict(_) => {}
+                FullOp::Advance(dt) => now += dt,
+            }
+            prop_assert!(d.check_invariants().is_ok());
+        }
+        prop_assert_eq!(d.evicted_early(), 0);
     }
 }
 

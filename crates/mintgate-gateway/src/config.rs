@@ -711,9 +711,13 @@ pub struct CoapConfig {
     pub block1_max_bytes: usize,
     /// Block1 transfers in progress at once, all clients together.
     pub block1_max_transfers: usize,
-    /// Block1 transfers in progress at once per client; a further one
-    /// drops that client's oldest.
+    /// Block1 transfers in progress at once per source (an IPv4 address or
+    /// an IPv6 /64, whatever the ports); a further one drops that source's
+    /// oldest.
     pub block1_per_peer: usize,
+    /// Bytes one source's Block1 transfers may hold together; beyond it the
+    /// source's own other transfers are dropped.
+    pub block1_per_source_bytes: usize,
     /// A Block1 transfer with no block for this many seconds is dropped
     /// (its next block gets 4.08).
     pub block1_timeout_s: u64,
@@ -748,6 +752,7 @@ impl Default for CoapConfig {
             block1_max_bytes: 1 << 20,
             block1_max_transfers: 256,
             block1_per_peer: 4,
+            block1_per_source_bytes: 256 << 10,
             block1_timeout_s: 60,
         }
     }
@@ -990,6 +995,15 @@ impl Config {
                 ),
             );
         }
+        if self.coap.block1_per_source_bytes < self.coap.block1_max_body {
+            return v(
+                "coap.block1_per_source_bytes",
+                format!(
+                    "{} is below coap.block1_max_body ({}): a source could not send the largest body",
+                    self.coap.block1_per_source_bytes, self.coap.block1_max_body
+                ),
+            );
+        }
         if self.coap.block1_timeout_s == 0 || self.coap.block1_per_peer == 0 {
             return v(
                 "coap.block1_timeout_s",
@@ -1184,6 +1198,7 @@ impl Config {
             max_bytes: self.coap.block1_max_bytes,
             max_transfers: self.coap.block1_max_transfers,
             per_peer: self.coap.block1_per_peer,
+            per_source_bytes: self.coap.block1_per_source_bytes,
             timeout: std::time::Duration::from_secs(self.coap.block1_timeout_s),
             block_size: self.coap.max_datagram.saturating_sub(128).clamp(16, 1024),
         }
@@ -1368,6 +1383,10 @@ bearer_tokens = ["s3cret-bearer"]
         // the documented bounds
         for (toml, key) in [
             ("[vta]\nmax_threads = 1000\n", "vta.max_threads"),
+            (
+                "[coap]\nblock1_per_source_bytes = 1000\n",
+                "coap.block1_per_source_bytes",
+            ),
             ("[pipeline]\nthreads = 100000\n", "pipeline.threads"),
             (
                 "[pipeline]\nobserver_samples = 3\n",

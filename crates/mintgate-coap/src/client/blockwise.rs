@@ -8,7 +8,10 @@
 //! the whole response, or why it failed.
 //!
 //! - Upload (Block1): a payload larger than the block size goes in blocks,
-//!   block 0 with Size1. A 2.31 (or any 2.xx) to a non-final block asks for
+//!   block 0 with Size1, every block (and the Block2 requests for the
+//!   answer that follow) with one Request-Tag (RFC 9175 3) fresh for this
+//!   upload, unless the request carries its own: a server then never takes
+//!   the blocks of two uploads to the same resource for one body. A 2.31 (or any 2.xx) to a non-final block asks for
 //!   the next one; its Block1 may name a smaller block size, which is used
 //!   from the next byte on (RFC 7959 2.5). An error response ends the
 //!   transfer with that response.
@@ -25,6 +28,8 @@
 //! Nothing here reads a clock or a socket.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -175,6 +180,18 @@ pub struct Transfer {
 /// Echo challenges answered in one transfer, at most.
 const MAX_CHALLENGES: u32 = 2;
 
+/// A Request-Tag this process has not used before (RFC 9175 3.4): a
+/// counter from a random start, so that two processes (two CLI runs that
+/// get the same port) do not repeat each other's either. Four bytes: they
+/// come round after 2^32 uploads.
+fn fresh_request_tag() -> Vec<u8> {
+    static START: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = *START.get_or_init(rand::random::<u64>);
+    let v = start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed));
+    (v as u32).to_be_bytes().to_vec()
+}
+
 fn uint(v: u32) -> Vec<u8> {
     encode_uint(v, &mut [0; 4]).to_vec()
 }
@@ -212,6 +229,16 @@ impl Transfer {
         };
         let first = if body.len() > 16usize << szx {
             let total = body.len();
+            if !t
+                .base
+                .options
+                .iter()
+                .any(|(n, _)| *n == OptionNumber::REQUEST_TAG)
+            {
+                t.base
+                    .options
+                    .push((OptionNumber::REQUEST_TAG, fresh_request_tag()));
+            }
             t.up = Some(Up {
                 body,
                 offset: 0,

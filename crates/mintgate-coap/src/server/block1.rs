@@ -23,10 +23,24 @@
 //!   of a transfer that is unknown or has timed out.
 //! - Size limits: a body beyond `max_body` (by its Size1 or by the blocks
 //!   themselves) is refused 4.13 Request Entity Too Large with Size1 =
-//!   `max_body`; when all transfers together would hold more than
-//!   `max_bytes`, or `max_transfers` are open, the newcomer gets 5.03 with
-//!   Max-Age (seconds until the oldest transfer times out). Each peer has at
-//!   most `per_peer` transfers: a further one evicts that peer's oldest.
+//!   `max_body` (or the per-source share, when smaller).
+//! - Memory: a transfer is charged for the capacity its body holds, which
+//!   grows with the blocks received (doubling, at most twice the highest
+//!   byte received, capped by Size1): a large Size1 reserves nothing it has
+//!   not received.
+//! - Fairness between sources ([`Source`]: an IPv4 address or an IPv6 /64,
+//!   not ip:port, so one host on many ports is one source): each source has
+//!   at most `per_peer` transfers (a further one evicts that source's
+//!   oldest) and `per_source_bytes` (beyond it the source's own other
+//!   transfers go, idle longest first). When all transfers together would
+//!   hold more than `max_bytes`, or `max_transfers` are open, room is made
+//!   by evicting completed bodies kept for Block2 first, then unfinished
+//!   transfers of the heaviest source (by bytes, or by transfers for the
+//!   count), idle longest first, as long as that source holds more than the
+//!   newcomer's: so an upload from a quiet source always gets through, and a
+//!   source that is itself the heaviest gets 5.03 with Max-Age (seconds
+//!   until the oldest transfer times out). Every outcome is counted
+//!   ([`Block1Stats`]).
 //! - A transfer idle for `timeout` is dropped ([`Block1Store::expire`]).
 //! - A completed body is kept (finished transfers are evicted first when
 //!   room is needed) until it has been idle for `timeout`, so that a
@@ -39,11 +53,12 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::block::{szx_for, BlockOpt};
+use super::Source;
 use crate::wire::{Code, MessageWriter, OptionNumber, Packet};
 
 /// Request-Tag (RFC 9175): tells concurrent block-wise transfers of the same
 /// resource apart.
-pub const REQUEST_TAG: OptionNumber = OptionNumber(292);
+pub const REQUEST_TAG: OptionNumber = OptionNumber::REQUEST_TAG;
 
 /// Separate byte ranges a transfer may have before it is refused as
 /// incomplete (out-of-order blocks leave gaps).
@@ -62,8 +77,12 @@ pub struct Block1Config {
     pub max_bytes: usize,
     /// Transfers open at once, all peers together.
     pub max_transfers: usize,
-    /// Transfers open at once per peer.
+    /// Transfers open at once per source (an IPv4 address or an IPv6 /64,
+    /// whatever the ports).
     pub per_peer: usize,
+    /// Bytes one source's transfers may hold together (its share of
+    /// `max_bytes`).
+    pub per_source_bytes: usize,
     /// A transfer idle this long is dropped.
     pub timeout: Duration,
     /// The block size the server asks for (a power of two, 16..=1024).
@@ -77,6 +96,7 @@ impl Default for Block1Config {
             max_bytes: 1 << 20,
             max_transfers: 256,
             per_peer: 4,
+            per_source_bytes: 256 << 10,
             timeout: Duration::from_secs(60),
             block_size: 1024,
         }
@@ -96,14 +116,29 @@ pub struct Block1Stats {
     pub incomplete: u64,
     /// Answers 4.13 Request Entity Too Large.
     pub too_large: u64,
-    /// Answers 5.03 (no room for another transfer).
+    /// Answers 5.03 (no room for another transfer): `busy_source` +
+    /// `busy_global`.
     pub busy: u64,
+    /// 5.03 because the source's own share was full of the transfer itself.
+    pub busy_source: u64,
+    /// 5.03 because everything was full and the newcomer's source was not
+    /// lighter than the heaviest other one.
+    pub busy_global: u64,
     /// Answers 4.00 (a block of the wrong size).
     pub bad: u64,
     /// Transfers dropped after `timeout` idle (partial ones only).
     pub expired: u64,
-    /// Transfers evicted for room (a peer's oldest, or kept bodies).
+    /// Transfers evicted for room: `evicted_own` + `evicted_kept` +
+    /// `evicted_heaviest`.
     pub evicted: u64,
+    /// A source's own transfers evicted for its newer ones (over
+    /// `per_peer` or `per_source_bytes`).
+    pub evicted_own: u64,
+    /// Completed bodies kept for Block2 evicted for room.
+    pub evicted_kept: u64,
+    /// Unfinished transfers of the heaviest source evicted for a lighter
+    /// source's.
+    pub evicted_heaviest: u64,
     /// Block2 requests served from a kept body.
     pub continuations: u64,
 }
@@ -164,7 +199,13 @@ struct Key {
 impl Key {
     fn new(peer: SocketAddr, p: &Packet<&[u8]>) -> Key {
         let mut target = Vec::new();
-        for o in p.options().filter(|o| is_target_option(o.number)) {
+        // a Request-Tag of a length outside 0..=8 is unrecognized (RFC 7252
+        // 5.4.3), and an unrecognized elective option is ignored
+        for o in p
+            .options()
+            .filter(|o| is_target_option(o.number))
+            .filter(|o| o.number != REQUEST_TAG || o.value.len() <= 8)
+        {
             target.extend_from_slice(&o.number.0.to_be_bytes());
             target.extend_from_slice(&(o.value.len() as u16).to_be_bytes());
             target.extend_from_slice(o.value);
@@ -226,14 +267,32 @@ impl Transfer {
     }
 }
 
+/// What one source holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Use {
+    transfers: usize,
+    bytes: usize,
+}
+
+/// Why a transfer was evicted.
+#[derive(Clone, Copy)]
+enum Why {
+    Own,
+    Kept,
+    Heaviest,
+}
+
 /// Block1 reassembly state of a server. See the [module documentation](self).
 ///
 /// Invariants: `bytes` is the sum of the transfers' `charged` and never
 /// above `max_bytes` after a call returns; at most `max_transfers`
-/// transfers, at most `per_peer` per peer.
+/// transfers; per source at most `per_peer` transfers and
+/// `per_source_bytes` bytes, and `sources` holds exactly the sums of the
+/// transfers of each source that has any.
 pub struct Block1Store {
     cfg: Block1Config,
     transfers: HashMap<Key, Transfer>,
+    sources: HashMap<Source, Use>,
     bytes: usize,
     next_seq: u64,
     stats: Block1Stats,
@@ -245,6 +304,7 @@ impl Block1Store {
         Block1Store {
             cfg,
             transfers: HashMap::new(),
+            sources: HashMap::new(),
             bytes: 0,
             next_seq: 0,
             stats: Block1Stats::default(),
@@ -276,47 +336,99 @@ impl Block1Store {
         self.stats
     }
 
+    /// Sources holding transfers.
+    pub fn sources(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Transfers and bytes held for `peer`'s source ([`Source`]).
+    pub fn source_use(&self, peer: &SocketAddr) -> (usize, usize) {
+        self.sources
+            .get(&Source::of(peer))
+            .map_or((0, 0), |u| (u.transfers, u.bytes))
+    }
+
+    /// The largest body accepted: `max_body`, or a source's whole share
+    /// when that is smaller.
+    fn body_limit(&self) -> usize {
+        self.cfg
+            .max_body
+            .min(self.cfg.per_source_bytes)
+            .min(self.cfg.max_bytes)
+    }
+
     /// Drops transfers idle for `timeout` at `now`; returns how many went.
     pub fn expire(&mut self, now: Instant) -> usize {
         let timeout = self.cfg.timeout;
-        let before = self.transfers.len();
-        let mut freed = 0;
-        let mut expired = 0;
-        self.transfers.retain(|_, t| {
-            let keep = now.saturating_duration_since(t.last) < timeout;
-            if !keep {
-                freed += t.charged;
-                expired += u64::from(!t.done);
+        let idle: Vec<Key> = self
+            .transfers
+            .iter()
+            .filter(|(_, t)| now.saturating_duration_since(t.last) >= timeout)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &idle {
+            if let Some(t) = self.remove(k) {
+                self.stats.expired += u64::from(!t.done);
             }
-            keep
-        });
-        self.bytes -= freed;
-        self.stats.expired += expired;
-        before - self.transfers.len()
+        }
+        idle.len()
     }
 
     fn remove(&mut self, key: &Key) -> Option<Transfer> {
         let t = self.transfers.remove(key)?;
         self.bytes -= t.charged;
+        let src = Source::of(&key.peer);
+        if let Some(u) = self.sources.get_mut(&src) {
+            u.transfers -= 1;
+            u.bytes -= t.charged;
+            if u.transfers == 0 {
+                self.sources.remove(&src);
+            }
+        }
         Some(t)
     }
 
-    /// Drops the transfer of the oldest `seq` among those `pick` selects.
-    fn evict_oldest(&mut self, pick: impl Fn(&Key, &Transfer) -> bool) -> bool {
+    /// Adds `extra` to the charge of the transfer at `key`.
+    fn charge(&mut self, key: &Key, extra: usize) {
+        if let Some(t) = self.transfers.get_mut(key) {
+            t.charged += extra;
+            self.bytes += extra;
+            if let Some(u) = self.sources.get_mut(&Source::of(&key.peer)) {
+                u.bytes += extra;
+            }
+        }
+    }
+
+    /// Drops, among the transfers `pick` selects, the completed ones first,
+    /// then the one idle longest (the oldest on a tie).
+    fn evict(&mut self, why: Why, pick: impl Fn(&Key, &Transfer) -> bool) -> bool {
         let victim = self
             .transfers
             .iter()
             .filter(|(k, t)| pick(k, t))
-            .min_by_key(|(_, t)| t.seq)
+            .min_by_key(|(_, t)| (!t.done, t.last, t.seq))
             .map(|(k, _)| k.clone());
-        match victim {
-            Some(k) => {
-                self.remove(&k);
-                self.stats.evicted += 1;
-                true
-            }
-            None => false,
+        let Some(k) = victim else {
+            return false;
+        };
+        self.remove(&k);
+        self.stats.evicted += 1;
+        match why {
+            Why::Own => self.stats.evicted_own += 1,
+            Why::Kept => self.stats.evicted_kept += 1,
+            Why::Heaviest => self.stats.evicted_heaviest += 1,
         }
+        true
+    }
+
+    /// The source other than `not` holding the most by `weight` (ties go
+    /// to the lower address, so the choice is the same on every run).
+    fn heaviest(&self, not: Source, weight: impl Fn(&Use) -> usize) -> Option<(Source, usize)> {
+        self.sources
+            .iter()
+            .filter(|(s, _)| **s != not)
+            .map(|(s, u)| (*s, weight(u)))
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
     }
 
     /// Seconds until the oldest transfer times out (at least 1).
@@ -339,7 +451,7 @@ impl Block1Store {
         Block1Outcome::Reply {
             code: Code::REQUEST_ENTITY_TOO_LARGE,
             block1: None,
-            size1: Some(self.cfg.max_body.min(u32::MAX as usize) as u32),
+            size1: Some(self.body_limit().min(u32::MAX as usize) as u32),
             max_age: None,
         }
     }
@@ -349,8 +461,13 @@ impl Block1Store {
         Block1Outcome::reply(Code::REQUEST_ENTITY_INCOMPLETE)
     }
 
-    fn busy(&mut self, now: Instant) -> Block1Outcome {
+    fn busy(&mut self, now: Instant, global: bool) -> Block1Outcome {
         self.stats.busy += 1;
+        if global {
+            self.stats.busy_global += 1;
+        } else {
+            self.stats.busy_source += 1;
+        }
         Block1Outcome::Reply {
             code: Code::SERVICE_UNAVAILABLE,
             block1: None,
@@ -359,16 +476,56 @@ impl Block1Store {
         }
     }
 
-    /// Makes room for `extra` more bytes, evicting kept bodies of other
-    /// transfers (oldest first) when needed, and charges them; false when
-    /// `max_bytes` does not allow it.
-    fn make_room(&mut self, extra: usize, key: &Key) -> bool {
-        while self.bytes + extra > self.cfg.max_bytes {
-            if !self.evict_oldest(|k, t| t.done && k != key) {
-                return false;
+    /// Makes room for `extra` more bytes for the transfer at `key`, within
+    /// its source's share and then within `max_bytes` (see the [module
+    /// documentation](self)), and charges them; `Err(global)` when there is
+    /// none.
+    fn make_room(&mut self, extra: usize, key: &Key) -> Result<(), bool> {
+        let src = Source::of(&key.peer);
+        let own = |s: &Block1Store| s.sources.get(&src).map_or(0, |u| u.bytes);
+        while own(self) + extra > self.cfg.per_source_bytes {
+            if !self.evict(Why::Own, |k, _| k != key && Source::of(&k.peer) == src) {
+                return Err(false);
             }
         }
-        self.bytes += extra;
+        while self.bytes + extra > self.cfg.max_bytes {
+            if self.evict(Why::Kept, |k, t| t.done && k != key) {
+                continue;
+            }
+            let mine = own(self);
+            match self.heaviest(src, |u| u.bytes) {
+                Some((h, b)) if b > mine => {
+                    self.evict(Why::Heaviest, |k, _| Source::of(&k.peer) == h);
+                }
+                _ => return Err(true),
+            }
+        }
+        self.charge(key, extra);
+        Ok(())
+    }
+
+    /// Makes room for one more transfer of `peer`'s source; false when
+    /// there is none.
+    fn make_slot(&mut self, peer: SocketAddr) -> bool {
+        let src = Source::of(&peer);
+        let mine = self.sources.get(&src).map_or(0, |u| u.transfers);
+        if mine >= self.cfg.per_peer.max(1) {
+            self.evict(Why::Own, |k, _| Source::of(&k.peer) == src);
+        }
+        while self.transfers.len() >= self.cfg.max_transfers.max(1) {
+            if self.evict(Why::Kept, |_, t| t.done) {
+                continue;
+            }
+            let mine = self.sources.get(&src).map_or(0, |u| u.transfers);
+            match self.heaviest(src, |u| u.transfers) {
+                // strictly more than the newcomer will hold, or the two
+                // would only trade places
+                Some((h, n)) if n > mine + 1 => {
+                    self.evict(Why::Heaviest, |k, _| Source::of(&k.peer) == h);
+                }
+                _ => return false,
+            }
+        }
         true
     }
 
@@ -396,7 +553,8 @@ impl Block1Store {
             .and_then(|o| o.uint())
             .map(|s| s as usize);
         let key = Key::new(peer, p);
-        if end > self.cfg.max_body || size1.is_some_and(|s| s > self.cfg.max_body) {
+        let limit = self.body_limit();
+        if end > limit || size1.is_some_and(|s| s > limit) {
             self.remove(&key);
             return self.too_large();
         }
@@ -407,14 +565,8 @@ impl Block1Store {
                 self.stats.completed += 1;
                 return Block1Outcome::Whole { block1: b };
             }
-            let peer_count = self.transfers.keys().filter(|k| k.peer == peer).count();
-            if peer_count >= self.cfg.per_peer.max(1) {
-                self.evict_oldest(|k, _| k.peer == peer);
-            }
-            if self.transfers.len() >= self.cfg.max_transfers.max(1)
-                && !self.evict_oldest(|_, t| t.done)
-            {
-                return self.busy(now);
+            if !self.make_slot(peer) {
+                return self.busy(now, true);
             }
             self.next_seq += 1;
             self.transfers.insert(
@@ -428,6 +580,8 @@ impl Block1Store {
                     charged: 0,
                 },
             );
+            let u = self.sources.entry(Source::of(&peer)).or_default();
+            u.transfers += 1;
             self.stats.started += 1;
         }
         let Some(charged) = self
@@ -438,22 +592,23 @@ impl Block1Store {
         else {
             return self.incomplete();
         };
-        // the body's capacity: the announced size up front, else doubling
-        let need = if b.num == 0 {
-            size1.unwrap_or(0).max(end).min(self.cfg.max_body)
-        } else if end > charged {
-            end.max((charged * 2).min(self.cfg.max_body))
+        // the body's capacity: what has arrived, doubling (so at most twice
+        // the highest byte received), never past Size1 or the limit
+        let need = if end > charged {
+            let cap = size1.unwrap_or(limit).min(limit);
+            end.max((charged * 2).min(cap))
         } else {
             charged
         };
-        if need > charged && !self.make_room(need - charged, &key) {
-            self.remove(&key);
-            return self.busy(now);
+        if need > charged {
+            if let Err(global) = self.make_room(need - charged, &key) {
+                self.remove(&key);
+                return self.busy(now, global);
+            }
         }
         let Some(t) = self.transfers.get_mut(&key) else {
             return self.incomplete();
         };
-        t.charged = t.charged.max(need);
         t.last = now;
         if t.body.len() < end {
             let more = t.charged - t.body.len();

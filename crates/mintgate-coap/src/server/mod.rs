@@ -18,13 +18,13 @@ mod response;
 pub mod source;
 
 pub use block1::{Block1Config, Block1Outcome, Block1Stats, Block1Store};
-pub use dedup::{Dedup, Seen};
+pub use dedup::{Dedup, DedupSize, DedupStats, Seen, Weigh, DEFAULT_BYTES_PER_ENTRY};
 pub use endpoint::{
     Datagram, Endpoint, EndpointConfig, EndpointStats, Incoming, Responded, Ticket, Transmit,
 };
 pub use resource::{Handler, PathTaken, Request, Resource, Router};
 pub use response::{BuildError, Outgoing, ResponseBuilder, Tail, OPTION_SPACE, RESPONSE_HEADROOM};
-pub use source::SourceKey;
+pub use source::Source;
 
 use std::net::SocketAddr;
 use std::sync::Mutex;

@@ -23,14 +23,14 @@
 //! costs its retransmissions only, and its relation ends when they do.
 //!
 //! Bounds: `max_observers` in all and `max_per_source` per source (an IPv4
-//! address or an IPv6 /64, [`SourceKey`]), so one host cannot fill the
+//! address or an IPv6 /64, [`Source`]), so one host cannot fill the
 //! registry.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::source::SourceKey;
+use super::source::Source;
 use crate::wire::{OptionNumber, Packet};
 
 /// 2^24: Observe sequence numbers wrap here.
@@ -207,7 +207,7 @@ pub struct Registry {
     cfg: ObserveConfig,
     by_path: HashMap<String, Vec<Observer>>,
     count: usize,
-    per_source: HashMap<SourceKey, usize>,
+    per_source: HashMap<Source, usize>,
 }
 
 /// Why a registration was refused (it is answered as a plain GET).
@@ -270,13 +270,13 @@ impl Registry {
             if self.count >= self.cfg.max_observers {
                 return Err(Full::Total);
             }
-            let src = SourceKey::of(&peer);
+            let src = Source::of(&peer);
             if self.per_source.get(&src).copied().unwrap_or(0) >= self.cfg.max_per_source {
                 return Err(Full::Source);
             }
         }
         let seq = existing.map_or(1, |o| (o.seq + 1) % SEQ_MODULO);
-        *self.per_source.entry(SourceKey::of(&peer)).or_insert(0) += 1;
+        *self.per_source.entry(Source::of(&peer)).or_insert(0) += 1;
         self.by_path
             .entry(path.to_string())
             .or_default()
@@ -313,7 +313,7 @@ impl Registry {
     }
 
     fn uncount(&mut self, peer: &SocketAddr) {
-        let src = SourceKey::of(peer);
+        let src = Source::of(peer);
         if let Some(n) = self.per_source.get_mut(&src) {
             *n -= 1;
             if *n == 0 {
@@ -325,7 +325,7 @@ impl Registry {
     /// Observers of the source (IPv4 address or IPv6 /64) of `peer`.
     pub fn of_source(&self, peer: &SocketAddr) -> usize {
         self.per_source
-            .get(&SourceKey::of(peer))
+            .get(&Source::of(peer))
             .copied()
             .unwrap_or(0)
     }

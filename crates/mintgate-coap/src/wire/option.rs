@@ -49,6 +49,10 @@ impl OptionNumber {
     pub const ECHO: OptionNumber = OptionNumber(252);
     /// No-Response (RFC 7967)
     pub const NO_RESPONSE: OptionNumber = OptionNumber(258);
+    /// Request-Tag (RFC 9175 3): tells block-wise request bodies of one
+    /// resource apart. Elective, safe to forward, part of the cache key,
+    /// repeatable, opaque of 0-8 bytes.
+    pub const REQUEST_TAG: OptionNumber = OptionNumber(292);
     /// mintgate's Access-Token (opaque, 1..=255 bytes): a credential for
     /// writes. From the experimental range (RFC 7252 12.2), elective (a
     /// server that does not know it ignores it) and unsafe to forward (a
@@ -121,8 +125,9 @@ macro_rules! def {
     };
 }
 
-/// RFC 7252 table 4, plus Observe, Block1/2, Size2, Echo and No-Response.
-static DEFS: [OptionDef; 21] = [
+/// RFC 7252 table 4, plus Observe, Block1/2, Size2, Echo, No-Response and
+/// Request-Tag.
+static DEFS: [OptionDef; 22] = [
     def!(IF_MATCH, "If-Match", Opaque, 0, 8, true),
     def!(URI_HOST, "Uri-Host", String, 1, 255, false),
     def!(ETAG, "ETag", Opaque, 1, 8, true),
@@ -144,6 +149,7 @@ static DEFS: [OptionDef; 21] = [
     def!(SIZE1, "Size1", Uint, 0, 4, false),
     def!(ECHO, "Echo", Opaque, 1, 40, false),
     def!(NO_RESPONSE, "No-Response", Uint, 0, 1, false),
+    def!(REQUEST_TAG, "Request-Tag", Opaque, 0, 8, true),
 ];
 
 impl OptionDef {
@@ -371,6 +377,15 @@ mod tests {
         assert!(OptionNumber::MAX_AGE.is_unsafe());
         assert_eq!(OptionNumber::PROXY_URI.def().unwrap().max_len, 1034);
         assert!(OptionNumber(9).def().is_none());
+        // RFC 9175 3.2.1: Request-Tag is elective, safe to forward, part of
+        // the cache key, repeatable, 0-8 bytes
+        let rt = OptionNumber::REQUEST_TAG;
+        assert!(!rt.is_critical() && !rt.is_unsafe() && !rt.is_no_cache_key());
+        let d = rt.def().unwrap();
+        assert_eq!(
+            (d.name, d.min_len, d.max_len, d.repeatable),
+            ("Request-Tag", 0, 8, true)
+        );
     }
 
     #[test]

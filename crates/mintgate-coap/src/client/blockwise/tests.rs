@@ -55,6 +55,9 @@ fn run(req: Request, cfg: BlockConfig, serve: &mut Serve<'_>) -> (Step, Vec<Sent
                 block2: blk(OptionNumber::BLOCK2),
                 etag: p.option(OptionNumber::ETAG).is_some(),
                 len: p.payload().len(),
+                tag: p
+                    .option(OptionNumber::REQUEST_TAG)
+                    .map(|o| o.value.to_vec()),
             });
             if let Some(r) = serve(&tx.bytes) {
                 client.handle_datagram(now, server_addr(), &r);
@@ -74,13 +77,14 @@ fn run(req: Request, cfg: BlockConfig, serve: &mut Serve<'_>) -> (Step, Vec<Sent
     panic!("no end after 10000 exchanges");
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Sent {
     code: Code,
     block1: Option<BlockOpt>,
     block2: Option<BlockOpt>,
     etag: bool,
     len: usize,
+    tag: Option<Vec<u8>>,
 }
 
 /// The real server: `/v` stores PUT (2.04), answers GET in blocks of
@@ -167,6 +171,55 @@ fn done(s: Step) -> Response {
         Step::Done(r) => r,
         other => panic!("expected a response, got {other:?}"),
     }
+}
+
+/// RFC 9175 3: every block of one upload, and the Block2 requests for its
+/// answer, carry one Request-Tag; the next upload another; a request that
+/// fits one message or downloads carries none, and a tag the caller set is
+/// kept.
+#[test]
+fn each_upload_has_a_request_tag_of_its_own() {
+    let srv = Srv::new(64, Block1Config::default());
+    let cfg = BlockConfig {
+        block_size: 64,
+        ..BlockConfig::default()
+    };
+    let mut tags = Vec::new();
+    for code in [Code::PUT, Code::PUT, Code::POST] {
+        let (end, sent) = run(req(code, body(300)), cfg, &mut |d| srv.serve(d));
+        let r = done(end);
+        assert_eq!(r.code.class(), 2);
+        let tag = sent[0]
+            .tag
+            .clone()
+            .expect("the first block carries a Request-Tag");
+        assert!(tag.len() <= 8);
+        assert!(
+            sent.iter().all(|s| s.tag.as_ref() == Some(&tag)),
+            "{sent:?}"
+        );
+        if code == Code::POST {
+            // the answer came in blocks too, asked for under the same tag
+            assert!(sent.iter().any(|s| s.block2.is_some_and(|b| b.num > 0)));
+            assert_eq!(r.payload, body(300));
+        }
+        tags.push(tag);
+    }
+    assert!(tags[0] != tags[1] && tags[1] != tags[2], "{tags:?}");
+    let (_, sent) = run(req(Code::PUT, body(64)), cfg, &mut |d| srv.serve(d));
+    assert_eq!(
+        (sent.len(), sent[0].tag.as_ref()),
+        (1, None),
+        "one message: no tag"
+    );
+    *srv.value.lock().unwrap() = body(300);
+    let (_, sent) = run(req(Code::GET, vec![]), cfg, &mut |d| srv.serve(d));
+    assert!(sent.len() > 1 && sent.iter().all(|s| s.tag.is_none()));
+    let mut own = req(Code::PUT, body(300));
+    own.options
+        .push((OptionNumber::REQUEST_TAG, b"mine".to_vec()));
+    let (_, sent) = run(own, cfg, &mut |d| srv.serve(d));
+    assert!(sent.iter().all(|s| s.tag.as_deref() == Some(&b"mine"[..])));
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Block1 reassembly in virtual time: in order, out of order, repeated and
-//! missing blocks, size limits, byte and transfer bounds, timeouts.
+//! missing blocks, size limits, byte and transfer bounds, timeouts, and
+//! fairness between sources.
 
 use std::time::{Duration, Instant};
 
@@ -8,8 +9,39 @@ use proptest::prelude::*;
 use super::*;
 use crate::wire::{MessageType, MessageWriter};
 
+/// Peer `n`: a source of its own (127.0.0.(1 + n)).
 fn peer(n: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 40000 + n))
+    SocketAddr::from(([127, 0, 0, 1 + n as u8], 40000 + n))
+}
+
+/// Port `port` of IPv4 host 10.0.0.`host`.
+fn host(host: u8, port: u16) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, host], port))
+}
+
+/// Checks every invariant of the store, walking all its transfers.
+fn check_invariants(s: &Block1Store) {
+    let cfg = s.cfg;
+    let sum: usize = s.transfers.values().map(|t| t.charged).sum();
+    assert_eq!(sum, s.bytes, "bytes is the sum of the charges");
+    assert!(s.bytes <= cfg.max_bytes, "{} > max_bytes", s.bytes);
+    assert!(s.transfers.len() <= cfg.max_transfers.max(1));
+    let mut by_source: HashMap<Source, Use> = HashMap::new();
+    for (k, t) in &s.transfers {
+        let u = by_source.entry(Source::of(&k.peer)).or_default();
+        u.transfers += 1;
+        u.bytes += t.charged;
+        assert!(t.body.len() <= t.charged, "the charge covers the body");
+        assert!(
+            t.charged <= 2 * t.body.len(),
+            "nothing charged ahead of twice what came"
+        );
+    }
+    assert_eq!(by_source, s.sources, "per-source sums");
+    for u in s.sources.values() {
+        assert!(u.transfers <= cfg.per_peer.max(1));
+        assert!(u.bytes <= cfg.per_source_bytes);
+    }
 }
 
 /// A PUT of block `b` of `body` to `path` (size1 on block 0 when given).
@@ -460,14 +492,15 @@ fn a_peer_over_its_share_loses_its_own_oldest_transfer() {
 fn no_room_gives_5_03_with_max_age_and_kept_bodies_make_room_first() {
     let cfg = Block1Config {
         max_bytes: 1000,
+        per_source_bytes: 1000,
         max_transfers: 3,
         timeout: Duration::from_secs(30),
         ..Block1Config::default()
     };
     let mut s = Block1Store::new(cfg);
     let t0 = Instant::now();
+    // a completed, kept body of 600 (charged 256, 512, then 600 = Size1)
     let d = body(600);
-    // a completed, kept body of 600
     for b in blocks_of(600, 4) {
         feed(
             &mut s,
@@ -477,21 +510,37 @@ fn no_room_gives_5_03_with_max_age_and_kept_bodies_make_room_first() {
         );
     }
     assert_eq!((s.len(), s.bytes()), (1, 600));
-    // a new one announcing 600 evicts the kept body
+    // a new one announcing 1000: Size1 reserves nothing, block 0 is charged
+    // 256 and fits; block 1 takes it to 512, and the kept body makes room
+    let big = body(1000);
+    let t1 = t0 + Duration::from_secs(1);
+    for num in 0..2 {
+        let o = feed(
+            &mut s,
+            t1,
+            peer(2),
+            &put_block("x", b"t", &big, blk(num, true, 4), Some(1000), None),
+        );
+        assert_eq!(code_of(&o), Some(Code::CONTINUE));
+    }
+    assert_eq!((s.len(), s.bytes()), (1, 512));
+    assert_eq!(s.stats().evicted_kept, 1);
+    // a lighter source starts next to it
+    let t11 = t0 + Duration::from_secs(11);
     let o = feed(
         &mut s,
-        t0 + Duration::from_secs(1),
-        peer(2),
-        &put_block("x", b"t", &d, blk(0, true, 4), Some(600), None),
+        t11,
+        peer(3),
+        &put_block("y", b"t", &big, blk(0, true, 4), Some(1000), None),
     );
     assert_eq!(code_of(&o), Some(Code::CONTINUE));
-    assert_eq!((s.len(), s.bytes()), (1, 600));
-    // a third announcing 600 does not fit next to a partial one: 5.03
+    // the heaviest source's block 2 needs 488 more (to Size1): there is no
+    // room and nobody heavier to take it from: 5.03, and its transfer goes
     let o = feed(
         &mut s,
-        t0 + Duration::from_secs(11),
-        peer(3),
-        &put_block("y", b"t", &d, blk(0, true, 4), Some(600), None),
+        t11,
+        peer(2),
+        &put_block("x", b"t", &big, blk(2, true, 4), Some(1000), None),
     );
     assert_eq!(
         o,
@@ -499,17 +548,20 @@ fn no_room_gives_5_03_with_max_age_and_kept_bodies_make_room_first() {
             code: Code::SERVICE_UNAVAILABLE,
             block1: None,
             size1: None,
-            max_age: Some(20),
+            max_age: Some(30),
         },
-        "retry when the partial transfer has timed out"
+        "retry when the other transfer has timed out"
     );
-    assert_eq!(s.stats().busy, 1);
-    // transfers count too: fill up to 3 with small ones (no Size1)
+    assert_eq!((s.stats().busy, s.stats().busy_global), (1, 1));
+    assert_eq!((s.len(), s.bytes()), (1, 256));
+    check_invariants(&s);
+    // transfers count too: fill up to 3 with small ones, one per source;
+    // a fourth source is no lighter than any (all hold one): 5.03
     let small = body(32);
     for p in [4, 5] {
         let o = feed(
             &mut s,
-            t0 + Duration::from_secs(11),
+            t11,
             peer(p),
             &put_block("z", b"t", &small, blk(0, true, 0), None, None),
         );
@@ -517,12 +569,278 @@ fn no_room_gives_5_03_with_max_age_and_kept_bodies_make_room_first() {
     }
     let o = feed(
         &mut s,
-        t0 + Duration::from_secs(11),
+        t11,
         peer(6),
         &put_block("z", b"t", &small, blk(0, true, 0), None, None),
     );
     assert_eq!(code_of(&o), Some(Code::SERVICE_UNAVAILABLE));
+    assert_eq!(s.stats().busy_global, 2);
     assert!(s.len() <= 3 && s.bytes() <= 1000);
+    check_invariants(&s);
+}
+
+/// The case: one host opens transfers on many ports, each with a
+/// large Size1, and stalls. They are one source: at most `per_peer`
+/// transfers, nothing reserved for Size1, and another host's upload of the
+/// largest body completes.
+#[test]
+fn stalled_transfers_from_one_host_on_many_ports_do_not_starve_another_host() {
+    let mut s = Block1Store::new(Block1Config::default());
+    let t0 = Instant::now();
+    let limit = s.config().max_body;
+    let junk = body(limit);
+    for port in 1..=20u16 {
+        let o = feed(
+            &mut s,
+            t0 + Duration::from_millis(port as u64),
+            host(1, 50000 + port),
+            &put_block(
+                "echo",
+                b"t",
+                &junk,
+                blk(0, true, 6),
+                Some(limit as u32),
+                None,
+            ),
+        );
+        assert_eq!(code_of(&o), Some(Code::CONTINUE));
+        check_invariants(&s);
+    }
+    // before: 18 of these reserved 18 x 64,000 bytes, the whole budget
+    assert_eq!(
+        s.source_use(&host(1, 1)),
+        (4, 4 * 1024),
+        "per source, not per port"
+    );
+    assert_eq!((s.len(), s.bytes()), (4, 4 * 1024));
+    assert_eq!(s.stats().evicted_own, 16);
+    // they go on sending (62 blocks each), still one source within its share
+    for port in 17..=20u16 {
+        for num in 1..62 {
+            let o = feed(
+                &mut s,
+                t0 + Duration::from_secs(1),
+                host(1, 50000 + port),
+                &put_block(
+                    "echo",
+                    b"t",
+                    &junk,
+                    blk(num, true, 6),
+                    Some(limit as u32),
+                    None,
+                ),
+            );
+            assert_eq!(code_of(&o), Some(Code::CONTINUE), "port {port} block {num}");
+        }
+    }
+    check_invariants(&s);
+    assert!(s.source_use(&host(1, 1)).1 <= s.config().per_source_bytes);
+    // another host uploads the largest body allowed, 10 s later
+    let mine = body(limit);
+    let t1 = t0 + Duration::from_secs(10);
+    let bl = blocks_of(limit, 6);
+    let mut last = None;
+    for b in &bl {
+        last = Some(feed(
+            &mut s,
+            t1,
+            host(2, 5683),
+            &put_block("echo", b"mine", &mine, *b, Some(limit as u32), None),
+        ));
+        check_invariants(&s);
+    }
+    assert_eq!(completed(last.unwrap()).0, mine);
+    assert_eq!(s.stats().busy, 0);
+}
+
+/// Many hosts (IPv6 /64s, each address of which is the same source) fill
+/// the whole budget with stalled transfers; a quiet IPv4 host's upload
+/// still completes, taking room from the heaviest sources only.
+#[test]
+fn a_quiet_source_gets_through_a_budget_full_of_other_sources() {
+    let cfg = Block1Config::default();
+    let mut s = Block1Store::new(cfg);
+    let t0 = Instant::now();
+    let junk = body(cfg.max_body);
+    let attacker = |net: u16, addr: u16| {
+        SocketAddr::from((
+            std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, net, 0, 0, 0, addr),
+            40000 + addr,
+        ))
+    };
+    // 8 /64s, 10 addresses each, every one sending 40 blocks and stalling
+    for net in 0..8 {
+        for a in 1..=10 {
+            for num in 0..40 {
+                feed(
+                    &mut s,
+                    t0 + Duration::from_millis(u64::from(net * 10 + a)),
+                    attacker(net, a),
+                    &put_block("echo", b"t", &junk, blk(num, true, 6), Some(64000), None),
+                );
+            }
+        }
+    }
+    check_invariants(&s);
+    assert_eq!(s.sources(), 8, "a /64 is one source");
+    assert!(
+        s.bytes() > cfg.max_bytes - 64 * 1024,
+        "the budget is nearly full: {}",
+        s.bytes()
+    );
+    let before = s.stats();
+    let mine = body(cfg.max_body);
+    let mut last = None;
+    for b in blocks_of(mine.len(), 6) {
+        last = Some(feed(
+            &mut s,
+            t0 + Duration::from_secs(5),
+            host(9, 1),
+            &put_block("echo", b"q", &mine, b, Some(64000), None),
+        ));
+        check_invariants(&s);
+    }
+    assert_eq!(completed(last.unwrap()).0, mine);
+    let after = s.stats();
+    assert!(after.evicted_heaviest > before.evicted_heaviest);
+    assert_eq!(
+        after.busy, before.busy,
+        "the quiet source was never refused"
+    );
+}
+
+/// When room is short, the heaviest source loses its transfer idle longest
+/// first, then the next heaviest (ties: the lower address), and a source
+/// that would only trade places with the heaviest is refused.
+#[test]
+fn eviction_takes_from_the_heaviest_source_first() {
+    let cfg = Block1Config {
+        max_bytes: 8192,
+        per_source_bytes: 8192,
+        ..Block1Config::default()
+    };
+    let mut s = Block1Store::new(cfg);
+    let t0 = Instant::now();
+    let d = body(64000);
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    // blocks of 1024: 2 blocks are charged 2048, 1 block 1024
+    let start = |s: &mut Block1Store, when, from, path: &str, blocks: u32| {
+        for num in 0..blocks {
+            let o = feed(
+                s,
+                when,
+                from,
+                &put_block(path, b"t", &d, blk(num, true, 6), None, None),
+            );
+            assert_eq!(code_of(&o), Some(Code::CONTINUE), "{from} {path} {num}");
+        }
+    };
+    let (a, b, c) = (host(1, 1), host(2, 1), host(3, 1));
+    start(&mut s, at(0), a, "a1", 2);
+    start(&mut s, at(1), a, "a2", 2);
+    start(&mut s, at(2), b, "b", 2);
+    start(&mut s, at(3), c, "c", 1);
+    assert_eq!(s.bytes(), 7168);
+    let holds = |s: &Block1Store| {
+        let mut v: Vec<(SocketAddr, Vec<u8>)> = s
+            .transfers
+            .keys()
+            .map(|k| (k.peer, k.target[4..].to_vec()))
+            .filter(|(p, _)| [a, b, c].contains(p))
+            .collect();
+        v.sort();
+        v
+    };
+    let names = |v: &[&str]| -> Vec<Vec<u8>> { v.iter().map(|x| x.as_bytes().to_vec()).collect() };
+    // quiet sources D.. start one block each
+    start(&mut s, at(10), host(10, 1), "d", 1);
+    assert_eq!(s.stats().evicted, 0, "8192 fits");
+    // a newcomer needing 1024 when 8192 are held takes a whole transfer
+    // (2048 or 1024) from the heaviest source; every other one fits
+    let expect = [
+        (11, vec!["a2", "b", "c"]), // A (4096) is heaviest: its idle-longest, a1
+        (12, vec!["a2", "b", "c"]),
+        (13, vec!["b", "c"]), // A and B tie at 2048: the lower address
+        (14, vec!["b", "c"]),
+        (15, vec!["c"]), // B
+        (16, vec!["c"]),
+        (17, vec![]), // everyone at 1024: C has the lowest address
+    ];
+    for (h, left) in expect {
+        start(&mut s, at(u64::from(h)), host(h, 1), "q", 1);
+        let got: Vec<Vec<u8>> = holds(&s).into_iter().map(|(_, t)| t).collect();
+        let mut want = names(&left);
+        want.sort();
+        let mut got_sorted = got.clone();
+        got_sorted.sort();
+        assert_eq!(got_sorted, want, "after host {h}");
+        check_invariants(&s);
+    }
+    assert_eq!(s.stats().evicted_heaviest, 4);
+    // D..N hold 1024 each (8 of them, 8192): D's second block would make
+    // it the heaviest, and nobody holds more than D: 5.03
+    let o = feed(
+        &mut s,
+        at(20),
+        host(10, 1),
+        &put_block("d", b"t", &d, blk(1, true, 6), None, None),
+    );
+    assert_eq!(code_of(&o), Some(Code::SERVICE_UNAVAILABLE));
+    assert_eq!(s.stats().busy_global, 1);
+    check_invariants(&s);
+}
+
+/// Request-Tag (RFC 9175 3): the same client, resource and method with
+/// another tag is another transfer; a tag longer than 8 bytes is ignored
+/// as an unrecognized elective option would be.
+#[test]
+fn request_tag_tells_transfers_of_one_client_apart() {
+    let mut s = Block1Store::new(Block1Config::default());
+    let t0 = Instant::now();
+    let (x, y) = (body(100), body(100).iter().map(|v| !v).collect::<Vec<u8>>());
+    for (d, tag) in [(&x, &b"\x01"[..]), (&y, &b"\x02"[..])] {
+        let o = feed(
+            &mut s,
+            t0,
+            peer(1),
+            &put_block("echo", b"t", d, blk(0, true, 2), None, Some(tag)),
+        );
+        assert_eq!(code_of(&o), Some(Code::CONTINUE));
+    }
+    assert_eq!(s.len(), 2);
+    // a block under a tag never seen: no transfer
+    let o = feed(
+        &mut s,
+        t0,
+        peer(1),
+        &put_block("echo", b"t", &x, blk(1, false, 2), None, Some(b"\x03")),
+    );
+    assert_eq!(code_of(&o), Some(Code::REQUEST_ENTITY_INCOMPLETE));
+    for (d, tag) in [(&y, &b"\x02"[..]), (&x, &b"\x01"[..])] {
+        let o = feed(
+            &mut s,
+            t0,
+            peer(1),
+            &put_block("echo", b"t", d, blk(1, false, 2), None, Some(tag)),
+        );
+        assert_eq!(&completed(o).0, d);
+    }
+    // 9 bytes: not a Request-Tag, so the same transfer as no tag at all
+    let long = [7u8; 9];
+    let o = feed(
+        &mut s,
+        t0,
+        peer(2),
+        &put_block("echo", b"t", &x, blk(0, true, 2), None, Some(&long)),
+    );
+    assert_eq!(code_of(&o), Some(Code::CONTINUE));
+    let o = feed(
+        &mut s,
+        t0,
+        peer(2),
+        &put_block("echo", b"t", &x, blk(1, false, 2), None, None),
+    );
+    assert_eq!(completed(o).0, x);
 }
 
 #[test]
@@ -705,9 +1023,12 @@ proptest! {
             max_bytes: 6000,
             max_transfers: 5,
             per_peer: 2,
+            per_source_bytes: 3000,
             timeout: Duration::from_secs(2),
             block_size: 256,
         };
+        // peers 2k and 2k+1 are two ports of one host: one source
+        let peer = |p: u16| SocketAddr::from(([127, 0, 0, 1 + (p / 2) as u8], 40000 + p));
         let mut s = Block1Store::new(cfg);
         let mut now = Instant::now();
         let data = body(4000 + 1024);
@@ -722,16 +1043,9 @@ proptest! {
                 let end = start + b.size().min(data.len() - start);
                 prop_assert_eq!(r.payload(), &data[..end]);
             }
-            prop_assert!(s.bytes() <= cfg.max_bytes, "{} > {}", s.bytes(), cfg.max_bytes);
-            prop_assert!(s.len() <= cfg.max_transfers);
-            let sum: usize = s.transfers.values().map(|t| t.charged).sum();
-            prop_assert_eq!(sum, s.bytes());
+            check_invariants(&s);
             for t in s.transfers.values() {
-                prop_assert!(t.body.len() <= t.charged && t.charged <= cfg.max_body);
-            }
-            for q in 0..6 {
-                let n = s.transfers.keys().filter(|k| k.peer == peer(q)).count();
-                prop_assert!(n <= cfg.per_peer);
+                prop_assert!(t.charged <= cfg.per_source_bytes.min(cfg.max_body));
             }
         }
         s.expire(now + Duration::from_secs(2));
