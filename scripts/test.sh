@@ -81,7 +81,7 @@ RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/asan \
   cargo +nightly test -p mintgate-buf --target "$host" --lib --test pool_threads 2>&1 \
   | tee -a target/test-output.txt
 
-# 12 targets built in the dev profile (half the build time of release) and
+# 13 targets built in the dev profile (half the build time of release) and
 # run 8 s each, then every committed corpus replayed: about 5 minutes.
 fuzz_s="${MINTGATE_FUZZ_SECONDS:-8}"
 if [ "$fuzz_s" != "0" ]; then
