@@ -68,7 +68,26 @@ step "cargo test (peers required)"
 export MINTGATE_REQUIRE_PEERS=1
 cargo test --workspace 2>&1 | tee target/test-output.txt
 
-# 12 targets built in the dev profile (half the build time of release) and
+# The buffer pool's unsafe code, two more ways, each built in a target dir
+# of its own under target/ (the main build stays valid): its loom model of
+# the free list and of shared blocks' reference counts (tests/loom.rs,
+# preemption bound 3), and its unit and concurrency tests under
+# AddressSanitizer with the nightly toolchain (the one the fuzzing uses).
+step "mintgate-buf: loom model (--cfg loom)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3 \
+  CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_DEBUG=0 \
+  cargo test -p mintgate-buf --release --test loom 2>&1 | tee -a target/test-output.txt
+step "mintgate-buf: tests under AddressSanitizer (nightly)"
+if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  echo "FAILED: no nightly toolchain (rustup toolchain list) for -Zsanitizer=address"
+  exit 1
+fi
+host="$(rustc +nightly -vV | sed -n 's/^host: //p')"
+RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/asan \
+  cargo +nightly test -p mintgate-buf --target "$host" --lib --test pool_threads 2>&1 \
+  | tee -a target/test-output.txt
+
+# 13 targets built in the dev profile (half the build time of release) and
 # run 8 s each, then every committed corpus replayed: about 5 minutes.
 fuzz_s="${MINTGATE_FUZZ_SECONDS:-8}"
 if [ "$fuzz_s" != "0" ]; then

@@ -25,4 +25,14 @@ mod pool;
 
 pub use account::{Accounting, Layer, LayerSnapshot};
 pub use block::{Block, BlockMut};
-pub use pool::{Exhausted, PartitionConfig, PartitionStats, Pool};
+pub use pool::{Exhausted, PartitionConfig, PartitionStats, Pool, PoolConfigError, MAX_PARTITIONS};
+
+/// The free lists' and reference counts' atomics: loom's under `--cfg loom`
+/// (the model in `tests/loom.rs`), the standard library's otherwise.
+mod sync {
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64};
+    pub(crate) use std::sync::atomic::Ordering;
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64};
+}

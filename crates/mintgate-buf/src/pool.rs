@@ -1,12 +1,17 @@
 //! Partitions of fixed-size blocks and their O(1) free lists.
 
-use std::cell::UnsafeCell;
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
 use crate::account::{Accounting, Layer};
 use crate::block::BlockMut;
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// The most partitions a pool may have. Allocation scans the partitions in
+/// order, so a long list only slows every allocation down; a config asking
+/// for more is refused ([`Pool::check`]).
+pub const MAX_PARTITIONS: usize = 256;
 
 /// Shape of one partition: `blocks` blocks of `block_size` bytes each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +41,18 @@ impl fmt::Display for Exhausted {
 
 impl std::error::Error for Exhausted {}
 
+/// A pool shape that cannot be built: what [`Pool::check`] refuses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolConfigError(String);
+
+impl fmt::Display for PoolConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PoolConfigError {}
+
 /// Counters of one partition, as seen at one instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PartitionStats {
@@ -59,34 +76,56 @@ const EMPTY: u32 = u32::MAX;
 pub(crate) struct Partition {
     pub(crate) block_size: usize,
     blocks: u32,
-    mem: Box<[UnsafeCell<u8>]>,
+    /// The slab, `block_size * blocks` bytes from `Box::into_raw` (freed in
+    /// `Drop`). Kept as a raw pointer so that a pointer to any block is
+    /// derived from the whole allocation, never from a reference to one
+    /// byte of it, and no `&`/`&mut` to the slab ever exists while blocks
+    /// are written through `BlockMut`.
+    mem: NonNull<u8>,
+    mem_len: usize,
     /// `tag << 32 | index` of the top free block (`EMPTY` index when none).
     head: AtomicU64,
     next: Box<[AtomicU32]>,
     pub(crate) refs: Box<[AtomicU32]>,
+    /// Blocks on the free list, counted so that it never underflows: a push
+    /// adds before it publishes the block, a pop subtracts after it took
+    /// one, so every subtraction follows its block's addition.
     free: AtomicU32,
     min_free: AtomicU32,
     exhausted: AtomicU64,
+    /// Under loom, one cell per block that every access to the block's
+    /// bytes goes through, so that the model checker sees a write racing
+    /// with an access from another thread (a block handed out twice, or
+    /// reused before the last reader let go).
+    #[cfg(loom)]
+    pub(crate) track: Box<[loom::cell::UnsafeCell<()>]>,
 }
 
-// SAFETY: block memory is only reached through `BlockMut` (unique: the index is
+// SAFETY: the slab is only reached through `BlockMut` (unique: the index is
 // off the free list while it lives) or `Block` (shared, read-only); the free
-// list itself is atomics only.
+// list itself is atomics only. The slab pointer is owned like a `Box<[u8]>`.
 unsafe impl Sync for Partition {}
 unsafe impl Send for Partition {}
 
+impl Drop for Partition {
+    fn drop(&mut self) {
+        let slab = std::ptr::slice_from_raw_parts_mut(self.mem.as_ptr(), self.mem_len);
+        // SAFETY: `mem`/`mem_len` came from `Box::into_raw` of a `Box<[u8]>`
+        // of that length, and no block outlives its partition (every block
+        // holds the pool).
+        drop(unsafe { Box::from_raw(slab) });
+    }
+}
+
 impl Partition {
+    /// A partition of `cfg`'s shape, which [`check_one`] accepted.
     fn new(cfg: PartitionConfig) -> Partition {
-        assert!(cfg.block_size > 0, "block_size must be positive");
-        assert!(cfg.blocks < EMPTY, "too many blocks in one partition");
         let n = cfg.blocks as usize;
+        let mem_len = cfg.block_size * n;
         // zeroed memory comes from calloc: pages are touched only when used
-        let mem: Box<[UnsafeCell<u8>]> = {
-            let v: Vec<u8> = vec![0u8; cfg.block_size * n];
-            let b = v.into_boxed_slice();
-            // SAFETY: UnsafeCell<u8> has the same layout as u8
-            unsafe { Box::from_raw(Box::into_raw(b) as *mut [UnsafeCell<u8>]) }
-        };
+        let slab: *mut [u8] = Box::into_raw(vec![0u8; mem_len].into_boxed_slice());
+        // SAFETY: Box::into_raw never returns null
+        let mem = unsafe { NonNull::new_unchecked(slab.cast::<u8>()) };
         let next: Box<[AtomicU32]> = (0..cfg.blocks)
             .map(|i| AtomicU32::new(if i + 1 < cfg.blocks { i + 1 } else { EMPTY }))
             .collect();
@@ -96,12 +135,15 @@ impl Partition {
             block_size: cfg.block_size,
             blocks: cfg.blocks,
             mem,
+            mem_len,
             head: AtomicU64::new(head as u64),
             next,
             refs,
             free: AtomicU32::new(cfg.blocks),
             min_free: AtomicU32::new(cfg.blocks),
             exhausted: AtomicU64::new(0),
+            #[cfg(loom)]
+            track: (0..n).map(|_| loom::cell::UnsafeCell::new(())).collect(),
         }
     }
 
@@ -120,8 +162,12 @@ impl Partition {
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    let free = self.free.fetch_sub(1, Ordering::Relaxed) - 1;
-                    self.min_free.fetch_min(free, Ordering::Relaxed);
+                    // the push that published `idx` counted it before, so
+                    // this never goes below zero
+                    let before = self.free.fetch_sub(1, Ordering::Relaxed);
+                    debug_assert!(before > 0, "free count underflow");
+                    self.min_free
+                        .fetch_min(before.saturating_sub(1), Ordering::Relaxed);
                     return Some(idx);
                 }
                 Err(actual) => cur = actual,
@@ -130,6 +176,9 @@ impl Partition {
     }
 
     pub(crate) fn push(&self, idx: u32) {
+        // counted before it is published: a pop that takes `idx` at once
+        // then finds the count it subtracts from
+        self.free.fetch_add(1, Ordering::Relaxed);
         let mut cur = self.head.load(Ordering::Acquire);
         loop {
             self.next[idx as usize].store(cur as u32, Ordering::Relaxed);
@@ -139,20 +188,24 @@ impl Partition {
                 .head
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => {
-                    self.free.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
+                Ok(_) => return,
                 Err(actual) => cur = actual,
             }
         }
     }
 
-    /// Raw pointer to the first byte of block `idx`.
+    /// Raw pointer to the first byte of block `idx`, valid for
+    /// `block_size` bytes of reads and writes (derived from the whole slab).
+    ///
+    /// # Panics
+    /// If `idx` is not a block of this partition (never, for the indices
+    /// `BlockMut` and `Block` hold, which came off the free list).
     #[inline]
     pub(crate) fn block_ptr(&self, idx: u32) -> *mut u8 {
-        debug_assert!(idx < self.blocks);
-        self.mem[idx as usize * self.block_size].get()
+        assert!(idx < self.blocks, "block index out of range");
+        // SAFETY: idx < blocks, so the offset is within the slab of
+        // block_size * blocks bytes (which check_one kept below isize::MAX).
+        unsafe { self.mem.as_ptr().add(idx as usize * self.block_size) }
     }
 
     fn stats(&self) -> PartitionStats {
@@ -163,6 +216,30 @@ impl Partition {
             min_free: self.min_free.load(Ordering::Relaxed),
             exhausted: self.exhausted.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// One partition's part of [`Pool::check`].
+fn check_one(c: &PartitionConfig) -> Result<(), PoolConfigError> {
+    let bad = |why: &str| {
+        Err(PoolConfigError(format!(
+            "partition of {} blocks of {} bytes: {why}",
+            c.blocks, c.block_size
+        )))
+    };
+    if c.block_size == 0 {
+        return bad("block_size must be positive");
+    }
+    // a shared view keeps its offset and length as u32
+    if c.block_size > u32::MAX as usize {
+        return bad("block_size must be at most 4294967295");
+    }
+    if c.blocks == EMPTY {
+        return bad("blocks must be below 4294967295");
+    }
+    match c.block_size.checked_mul(c.blocks as usize) {
+        Some(n) if n <= isize::MAX as usize => Ok(()),
+        _ => bad("block_size * blocks does not fit the address space"),
     }
 }
 
@@ -200,9 +277,11 @@ impl Pool {
     /// now but pages are only touched as blocks are used.
     ///
     /// # Panics
-    /// If `parts` is empty or a partition has a zero block size.
+    /// If [`Pool::check`] refuses `parts`.
     pub fn new(parts: &[PartitionConfig]) -> Pool {
-        assert!(!parts.is_empty(), "a pool needs at least one partition");
+        if let Err(e) = Pool::check(parts) {
+            panic!("{e}");
+        }
         let mut cfgs = parts.to_vec();
         cfgs.sort_by_key(|c| c.block_size);
         Pool {
@@ -212,6 +291,25 @@ impl Pool {
                 reclaim: OnceLock::new(),
             }),
         }
+    }
+
+    /// Whether a pool of these partitions can be built: at least one and at
+    /// most [`MAX_PARTITIONS`], each with a positive block size of at most
+    /// `u32::MAX` bytes, fewer than `u32::MAX` blocks, and a slab
+    /// (`block_size * blocks`) that fits the address space.
+    pub fn check(parts: &[PartitionConfig]) -> Result<(), PoolConfigError> {
+        if parts.is_empty() {
+            return Err(PoolConfigError(
+                "a pool needs at least one partition".into(),
+            ));
+        }
+        if parts.len() > MAX_PARTITIONS {
+            return Err(PoolConfigError(format!(
+                "{} partitions; at most {MAX_PARTITIONS} are allowed",
+                parts.len()
+            )));
+        }
+        parts.iter().try_for_each(check_one)
     }
 
     /// Allocates the smallest free block of at least `min_size` bytes, with
@@ -276,7 +374,7 @@ impl Pool {
             }
             if let Some(idx) = part.pop() {
                 part.refs[idx as usize].store(1, Ordering::Relaxed);
-                return Ok(BlockMut::new(self.clone(), p as u8, idx, headroom));
+                return Ok(BlockMut::new(self.clone(), p as u32, idx, headroom));
             }
             part.exhausted.fetch_add(1, Ordering::Relaxed);
         }

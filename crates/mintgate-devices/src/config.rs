@@ -163,6 +163,25 @@ pub struct DevicesConfig {
     /// histories live in memory only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<PathBuf>,
+    /// How often what was flushed to `store` is forced to disk (fsync), a
+    /// duration in `1s..=1h` (absent: `1s`); a clean shutdown always syncs.
+    /// See [`crate::store`] for the policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_sync: Option<String>,
+}
+
+impl DevicesConfig {
+    /// `store_sync` as a duration (the default when absent); an error
+    /// names the key.
+    pub fn store_sync_period(&self) -> Result<std::time::Duration, crate::DeviceError> {
+        match self.store_sync.as_deref() {
+            None => Ok(crate::store::DEFAULT_SYNC),
+            Some(s) => crate::store::parse_sync(s).map_err(|why| crate::DeviceError::Config {
+                name: "devices.store_sync".into(),
+                why,
+            }),
+        }
+    }
 }
 
 impl Default for DevicesConfig {
@@ -177,6 +196,7 @@ impl Default for DevicesConfig {
         DevicesConfig {
             list: vec![temp, led],
             store: None,
+            store_sync: None,
         }
     }
 }

@@ -146,6 +146,13 @@ fn flush(devices: &DeviceMap, store: &Store) {
     }
 }
 
+/// Forces what was flushed to disk.
+fn sync(store: &Store) {
+    if let Err(e) = store.sync() {
+        tracing::warn!(error = %e, "cannot sync the history store");
+    }
+}
+
 /// The device manager. Cloning shares it.
 #[derive(Clone)]
 pub struct DeviceManager {
@@ -281,6 +288,7 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
 /// devices and outputs exist is [`check_links`]'s question: a program may
 /// add devices and register output kinds before it adds the links.
 pub fn check_config(devices: &DevicesConfig, dp: &DirectPathConfig) -> Result<(), DeviceError> {
+    devices.store_sync_period()?;
     let mut names = std::collections::HashSet::new();
     for spec in &devices.list {
         check_spec(spec)?;
@@ -445,7 +453,9 @@ impl DeviceManager {
     }
 
     /// A manager whose device histories are loaded from and kept in
-    /// `store` (flushed every second by a thread of its own).
+    /// `store`: flushed every second by a thread of its own, synced every
+    /// [`Store::sync_every`], and flushed and synced once more when the
+    /// last handle on the manager is dropped (a clean shutdown).
     pub fn with_store(
         dp: &DirectPathConfig,
         store: Option<Store>,
@@ -460,13 +470,21 @@ impl DeviceManager {
             Some(st) => {
                 let (devs, st) = (devices.clone(), st.clone());
                 Some(Running::spawn("history-store", move |stop| {
+                    let sync_ns = st.sync_every().as_nanos().min(u64::MAX as u128) as u64;
                     let mut next = crate::clock::now_ns();
+                    let mut next_sync = next.saturating_add(sync_ns);
                     loop {
                         next += 1_000_000_000;
                         let more = crate::driver::sleep_until(next, &stop);
                         flush(&devs, &st);
                         if !more {
+                            sync(&st);
                             break;
+                        }
+                        let now = crate::clock::now_ns();
+                        if now >= next_sync {
+                            sync(&st);
+                            next_sync = now.saturating_add(sync_ns);
                         }
                     }
                 })?)
@@ -490,7 +508,12 @@ impl DeviceManager {
         devices: &DevicesConfig,
         dp: &DirectPathConfig,
     ) -> Result<DeviceManager, DeviceError> {
-        let store = devices.store.as_ref().map(Store::open).transpose()?;
+        let every = devices.store_sync_period()?;
+        let store = devices
+            .store
+            .as_ref()
+            .map(|d| Store::open(d).map(|s| s.with_sync_every(every)))
+            .transpose()?;
         let m = DeviceManager::with_store(dp, store)?;
         for spec in &devices.list {
             m.add(spec.clone())?;
@@ -894,6 +917,7 @@ mod tests {
             DevicesConfig {
                 list: vec![s],
                 store: Some(d.to_path_buf()),
+                store_sync: None,
             }
         };
         let dp = DirectPathConfig {
@@ -1083,7 +1107,11 @@ mod tests {
             ),
         ];
         for (what, list, links, want) in cases {
-            let devices = DevicesConfig { list, store: None };
+            let devices = DevicesConfig {
+                list,
+                store: None,
+                store_sync: None,
+            };
             let dp = DirectPathConfig {
                 priority: 0,
                 links: links.iter().map(|l| l.to_string()).collect(),
@@ -1108,6 +1136,7 @@ mod tests {
         let devices = DevicesConfig {
             list: ok_devices,
             store: None,
+            store_sync: None,
         };
         let mut dp = DirectPathConfig {
             priority: 0,

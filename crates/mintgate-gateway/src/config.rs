@@ -949,6 +949,10 @@ impl Config {
                 format!("block_size and blocks must be positive (got {p:?})"),
             );
         }
+        // the count, and sizes the pool can address
+        if let Err(e) = mintgate_buf::Pool::check(&self.partitions()) {
+            return v("buffers.partitions", e.to_string());
+        }
         let largest = self
             .buffers
             .partitions
@@ -1376,6 +1380,14 @@ bearer_tokens = ["s3cret-bearer"]
             .unwrap_err()
             .to_string();
         assert!(e.contains("largest block"), "{e}");
+        let many = "{ block_size = 1500, blocks = 1 },".repeat(mintgate_buf::MAX_PARTITIONS + 1);
+        let e = Config::from_toml(&format!("[buffers]\npartitions = [{many}]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("buffers.partitions") && e.contains("at most 256"),
+            "{e}"
+        );
         let e = Config::from_toml("[vta]\ntrial_util = -0.5\n")
             .unwrap_err()
             .to_string();
