@@ -110,8 +110,8 @@ class Staller:
     process of its own (so it does not share the measuring client's
     interpreter lock), reporting through shared counters."""
 
-    def __init__(self, ports, n, deadline, shared, ready, stop):
-        self.ports, self.n, self.deadline = ports, n, deadline
+    def __init__(self, ports, n, deadline, shared, ready, stop, reopen):
+        self.ports, self.n, self.deadline, self.reopen = ports, n, deadline, reopen
         self.sel = selectors.DefaultSelector()
         self.open = {p: 0 for p in ports}
         self.closed = {p: 0 for p in ports}
@@ -165,7 +165,7 @@ class Staller:
                     if not b:
                         self.drop(s, port)
             # reopen what the server closed, a bounded number per round
-            for p in self.ports:
+            for p in self.ports if self.reopen else []:
                 for _ in range(min(500, self.n - self.open[p])):
                     self.connect(p)
             self.publish()
@@ -179,12 +179,15 @@ class Staller:
         self.closed[port] += 1
 
 
-def stall(ports, n, deadline, shared, ready, stop):
-    Staller(ports, n, deadline, shared, ready, stop).run()
+def stall(ports, n, deadline, shared, ready, stop, reopen):
+    Staller(ports, n, deadline, shared, ready, stop, reopen).run()
 
 
 def metrics(port):
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.bind(("127.0.0.2", 0))
+    s.connect(("127.0.0.1", port))
     s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     data = b""
     while True:
@@ -207,6 +210,11 @@ def main():
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--hold", type=float, default=3.0, help="seconds of stall before measuring")
     ap.add_argument("--no-source-cap", action="store_true")
+    ap.add_argument(
+        "--reopen",
+        action="store_true",
+        help="reopen every connection the server closes (a connect flood on top of the stall)",
+    )
     a = ap.parse_args()
     if not (1 <= a.stalled <= 20000 and 1 <= a.samples <= 5000):
         sys.exit("--stalled 1..=20000, --samples 1..=5000")
@@ -245,7 +253,7 @@ def main():
             ("dashboard (metrics)", mport, "/api/state"),
         ]
         print(
-            f"mintgate {binary}; {a.stalled} stalled connections from 127.0.0.1 to each of "
+            f"mintgate {binary}; {'(reopening) ' if a.reopen else ''}{a.stalled} stalled connections from 127.0.0.1 to each of "
             f"tcp {http} (proxy + dashboard) and tcp {mport} (metrics + dashboard); "
             f"client from 127.0.0.2, {a.samples} requests per target, a new connection each; "
             f"proxy.max_connections = 1024, max_connections_per_source = "
@@ -256,7 +264,7 @@ def main():
         shared = mp.Array("q", 3 * len(ports))
         ready, stop = mp.Event(), mp.Event()
         proc = mp.Process(
-            target=stall, args=(ports, a.stalled, time.monotonic() + 300, shared, ready, stop), daemon=True
+            target=stall, args=(ports, a.stalled, time.monotonic() + 300, shared, ready, stop, a.reopen), daemon=True
         )
         proc.start()
         ready.wait(60)
@@ -268,8 +276,11 @@ def main():
         show(f"during the stall (attacker's connections open or connecting: {held}; "
              f"closed by the server so far: {closed})", res, a.samples)
         print("  proxy listener's counters (/metrics):")
-        for l in metrics(mport):
-            print("   ", l)
+        try:
+            for l in metrics(mport):
+                print("   ", l)
+        except OSError as e:
+            print(f"    /metrics unreachable: {type(e).__name__}")
         stop.set()
         proc.join(15)
         if proc.is_alive():
