@@ -113,7 +113,7 @@ pub(crate) fn raise_nofile_limit() -> u64 {
             }
         }
     }
-    r.rlim_cur as u64
+    r.rlim_cur
 }
 
 /// Secrets (tokens, keys) read from `path`: one a line, surrounding
