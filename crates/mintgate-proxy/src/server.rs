@@ -14,7 +14,8 @@
 //! request head must be complete within it once begun, and a request body
 //! within it once its head is in (408); a connection with no request in
 //! flight for `idle_timeout` is closed (HTTP/2 with GOAWAY; HTTP/2 is also
-//! pinged every `idle_timeout / 2` and closed when a ping goes unanswered);
+//! pinged every `idle_timeout / 2` and closed when a ping goes unanswered
+//! for `idle_timeout`);
 //! request bodies above `max_body` get 413 (by Content-Length before
 //! reading, or while reading).
 
@@ -218,8 +219,12 @@ pub async fn serve_counted(
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(256)
+        // a ping every half idle timeout, answered within the idle
+        // timeout, else the peer is gone (a connection with requests in
+        // flight is not idle, so this is what notices a dead one); an idle
+        // connection is the watchdog's, which acts first
         .keep_alive_interval(limits.idle_timeout / 2)
-        .keep_alive_timeout(limits.idle_timeout / 2);
+        .keep_alive_timeout(limits.idle_timeout);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -326,12 +331,17 @@ enum Expired {
 /// ended for the idle timeout. Slow request heads after the first are
 /// hyper's `header_read_timeout`.
 async fn watchdog(a: &Activity, limits: ConnLimits) -> Expired {
+    // Requests start and end without telling the watchdog: it looks again
+    // at least this often, so a deadline is kept to within a quarter of
+    // the shorter timeout.
+    let step = (limits.header_timeout.min(limits.idle_timeout) / 4)
+        .max(std::time::Duration::from_millis(10));
     loop {
         let deadline = if a.started.load(Relaxed) == 0 {
             a.start + limits.header_timeout
         } else if a.inflight.load(Relaxed) > 0 {
             // look again later; a request's own time is bounded elsewhere
-            tokio::time::Instant::now() + limits.idle_timeout
+            tokio::time::Instant::now() + step
         } else {
             a.start
                 + std::time::Duration::from_millis(a.last_ms.load(Relaxed))
@@ -344,7 +354,7 @@ async fn watchdog(a: &Activity, limits: ConnLimits) -> Expired {
                 Expired::Idle
             };
         }
-        tokio::time::sleep_until(deadline).await;
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + step)).await;
     }
 }
 

@@ -885,8 +885,9 @@ fn an_idle_http2_connection_is_closed() {
         assert_eq!(e.status, StatusCode::OK);
         tokio::time::sleep(Duration::from_millis(2500)).await;
     });
-    assert_eq!(srv.conn_stats().idle_closed.load(Relaxed), 1);
-    assert_eq!(srv.conn_stats().open.load(Relaxed), 0);
+    let st = srv.conn_stats();
+    assert_eq!(st.idle_closed.load(Relaxed), 1, "{st:?}");
+    assert_eq!(st.open.load(Relaxed), 0);
 }
 
 #[test]
