@@ -13,7 +13,8 @@
 //!
 //! Limits: at most `max_connections` connections in all and
 //! `max_connections_per_source` per source (more are refused), the HTTP/3
-//! settings exchange within `header_timeout`, 100
+//! settings exchange, each request head and then its body within
+//! `header_timeout` (the stream is dropped otherwise), 100
 //! concurrent request streams per connection, an idle connection closes
 //! after `idle_timeout`, bodies above `max_body` get 413.
 
@@ -136,7 +137,11 @@ async fn request(
     handshake: Shared,
     proxy: Arc<Proxy>,
 ) -> anyhow::Result<()> {
-    let (req, mut stream) = resolver.resolve_request().await?;
+    // a request head, and then its body, within the header timeout each
+    let head_timeout = proxy.config().header_timeout;
+    let (req, mut stream) = tokio::time::timeout(head_timeout, resolver.resolve_request())
+        .await
+        .context("no request head within the header timeout")??;
     let early_data = if proxy.config().tls.client_ca.is_some() {
         // Mutual TLS: nothing is served before the client's certificate has
         // been verified, which happens when the handshake completes.
@@ -149,7 +154,11 @@ async fn request(
     let max = proxy.config().max_body;
     let mut body = BytesMut::new();
     let mut too_large = false;
-    while let Some(mut chunk) = stream.recv_data().await? {
+    let body_deadline = tokio::time::Instant::now() + head_timeout;
+    while let Some(mut chunk) = tokio::time::timeout_at(body_deadline, stream.recv_data())
+        .await
+        .context("the request body did not arrive within the header timeout")??
+    {
         if body.len() + chunk.remaining() > max {
             too_large = true;
             break;
