@@ -124,6 +124,9 @@ pub struct RequestArgs {
         hide_env_values = true
     )]
     access_token: Option<String>,
+    /// File holding the access token (one line); replaces --access-token.
+    #[arg(long, value_name = "FILE")]
+    access_token_file: Option<PathBuf>,
     /// Print the message type, code, options, round-trip time and
     /// retransmissions to stderr.
     #[arg(short, long)]
@@ -271,7 +274,11 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         ));
     }
     options.extend(args.options.iter().map(|o| (o.0, o.1.clone())));
-    if let Some(t) = &args.access_token {
+    let access_token = match &args.access_token_file {
+        Some(f) => Some(crate::secret_from_file(f, "--access-token-file")?),
+        None => args.access_token.clone(),
+    };
+    if let Some(t) = &access_token {
         options.push((
             mintgate_gateway::access::ACCESS_TOKEN,
             t.as_bytes().to_vec(),

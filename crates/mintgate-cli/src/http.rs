@@ -58,9 +58,18 @@ pub struct HttpArgs {
     /// Extra header "Name: value" (repeatable).
     #[arg(long, short = 'H', value_name = "HEADER")]
     header: Vec<String>,
-    /// Bearer token (sent as Authorization: Bearer TOKEN).
-    #[arg(long, value_name = "TOKEN")]
+    /// Bearer token (sent as Authorization: Bearer TOKEN); also read from
+    /// MINTGATE_HTTP_TOKEN, which does not show in `ps`.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "MINTGATE_HTTP_TOKEN",
+        hide_env_values = true
+    )]
     token: Option<String>,
+    /// File holding the bearer token (one line); replaces --token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// HTTP/3: PEM certificate(s) to trust [default: mintgate-tls/cert.pem when present].
     #[arg(long, value_name = "FILE")]
     cacert: Option<PathBuf>,
@@ -149,7 +158,11 @@ pub fn run(a: HttpArgs) -> anyhow::Result<ExitCode> {
             HeaderValue::from_str(v.trim()).context("bad header value")?,
         );
     }
-    if let Some(t) = &a.token {
+    let token = match &a.token_file {
+        Some(f) => Some(crate::secret_from_file(f, "--token-file")?),
+        None => a.token.clone().filter(|t| !t.is_empty()),
+    };
+    if let Some(t) = &token {
         headers.insert(
             "authorization",
             HeaderValue::from_str(&format!("Bearer {t}")).context("bad token")?,

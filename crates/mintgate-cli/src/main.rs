@@ -89,6 +89,74 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// Raises this process's soft limit on open descriptors to the hard limit:
+/// every HTTP connection, held or being refused, takes one, and a listener
+/// that runs out cannot even accept a connection to close it. Returns the
+/// limit now in force.
+pub(crate) fn raise_nofile_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: r is a valid rlimit for getrlimit/setrlimit to read and write.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 0;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                r.rlim_cur = r.rlim_max;
+            }
+        }
+    }
+    r.rlim_cur
+}
+
+/// Secrets (tokens, keys) read from `path`: one a line, surrounding
+/// spaces trimmed, blank lines and lines starting with `#` skipped. At
+/// least one is needed. A file others may read is used, with a warning.
+/// Errors name `flag` and the file, never its content.
+pub(crate) fn secrets_from_file(path: &std::path::Path, flag: &str) -> anyhow::Result<Vec<String>> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))?;
+    if let Ok(m) = std::fs::metadata(path) {
+        if m.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(
+                "{flag} {}: the file may be read by others (chmod 600 it)",
+                path.display()
+            );
+        }
+    }
+    let v: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    if v.is_empty() {
+        anyhow::bail!("{flag} {}: no secret in the file", path.display());
+    }
+    Ok(v)
+}
+
+/// The one secret of `path` (see [`secrets_from_file`]).
+pub(crate) fn secret_from_file(path: &std::path::Path, flag: &str) -> anyhow::Result<String> {
+    let mut v = secrets_from_file(path, flag)?;
+    if v.len() > 1 {
+        anyhow::bail!(
+            "{flag} {}: one secret expected, {} lines found",
+            path.display(),
+            v.len()
+        );
+    }
+    Ok(v.remove(0))
+}
+
 /// The variable a coaps pre-shared key can come from, so that it does not
 /// show in `ps`.
 pub(crate) const PSK_KEY_VAR: &str = "MINTGATE_PSK_KEY";

@@ -43,8 +43,20 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "HOST:PORT")]
     upstream: Vec<String>,
     /// Accepted bearer token (repeatable; replaces proxy.bearer_tokens).
-    #[arg(long, value_name = "TOKEN")]
+    /// Shows in `ps`: prefer --token-file, the MINTGATE_PROXY_TOKENS
+    /// variable (tokens separated by commas) or the config file.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "MINTGATE_PROXY_TOKENS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     token: Vec<String>,
+    /// File of accepted bearer tokens, one a line (blank lines and `#`
+    /// comments skipped); with --token, both are accepted.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
     /// Congestion control of the upstream CoAP client (replaces proxy.congestion).
     #[arg(long, value_name = "basic|cocoa|adaptive")]
     cc: Option<Algorithm>,
@@ -132,6 +144,7 @@ pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Re
         cache_max_payload: s.cache_max_payload,
         server_timing: s.server_timing,
         max_connections: s.max_connections,
+        max_connections_per_source: s.max_connections_per_source,
         header_timeout: Duration::from_millis(s.header_timeout_ms),
         idle_timeout: Duration::from_millis(s.idle_timeout_ms),
         tls: mintgate_proxy::TlsConfig {
@@ -165,11 +178,15 @@ pub fn write_auth(access: &AccessSection, own: &[Authority]) -> WriteAuth {
 /// Starts the proxy of `s` when it has a listener, with `extra` routes (the
 /// dashboard) beside the proxy's on the HTTP listener and `access`'s write
 /// policy; logs where it serves and where the HTTP/3 certificate is.
+/// `upstream_bound` is told the upstream CoAP socket's local address before
+/// any request can use it (the gateway in this process registers it as a
+/// proxy source, see `mintgate_gateway::access`).
 pub fn start(
     s: &ProxySection,
     default_allow: &[Authority],
     access: &AccessSection,
     extra: Option<axum::Router>,
+    upstream_bound: &dyn Fn(SocketAddr),
 ) -> anyhow::Result<Option<ProxyServer>> {
     if s.http.is_none() && s.h3.is_none() {
         return Ok(None);
@@ -177,10 +194,19 @@ pub fn start(
     let mut cfg = proxy_config(s, default_allow)?;
     cfg.write_auth = write_auth(access, default_allow);
     let allow: Vec<String> = cfg.allow.iter().map(|a| a.to_string()).collect();
-    let sockets = mintgate_proxy::Sockets::bind(&Listen {
+    let mut sockets = mintgate_proxy::Sockets::bind(&Listen {
         http: s.http,
         h3: s.h3,
     })?;
+    let up =
+        mintgate_proxy::upstream::bind(s.upstream_bind).with_context(|| match s.upstream_bind {
+            Some(a) => {
+                format!("binding the proxy's upstream socket to udp {a} (proxy.upstream_bind)")
+            }
+            None => "binding the proxy's upstream socket".to_owned(),
+        })?;
+    upstream_bound(up.local_addr()?);
+    sockets.upstream = Some(up);
     let srv = ProxyServer::start_with(cfg, sockets, s.threads, extra)
         .context("starting the HTTP proxy")?;
     if let Some(a) = srv.http_addr() {
@@ -211,6 +237,7 @@ pub fn start(
 /// The proxy's counters: the dashboard's `proxy` section.
 pub fn proxy_state(
     proxy: &mintgate_proxy::Proxy,
+    conns: Option<&mintgate_proxy::server::ConnStats>,
     http: Option<SocketAddr>,
     h3: Option<SocketAddr>,
 ) -> serde_json::Value {
@@ -222,11 +249,20 @@ pub fn proxy_state(
         "requests": st.requests.load(Relaxed),
         "cache_hits": st.cache_hits.load(Relaxed),
         "early_data_served": st.early_data_served.load(Relaxed),
+        "connections": conns.map(|c| serde_json::json!({
+            "open": c.open.load(Relaxed),
+            "accepted": c.accepted.load(Relaxed),
+            "refused_per_source": c.refused_per_source.load(Relaxed),
+            "refused_total": c.refused_total.load(Relaxed),
+            "header_timeouts": c.header_timeouts.load(Relaxed),
+            "idle_closed": c.idle_closed.load(Relaxed),
+        })),
         "errors": {
             "rate_limited": st.rate_limited.load(Relaxed),
             "unauthorized": st.unauthorized.load(Relaxed),
             "write_refused": st.write_refused.load(Relaxed),
             "forbidden": st.forbidden.load(Relaxed),
+            "cross_site": st.cross_site.load(Relaxed),
             "too_early": st.too_early.load(Relaxed),
             "timeouts": st.timeouts.load(Relaxed),
             "bad_gateway": st.bad_gateway.load(Relaxed),
@@ -261,6 +297,30 @@ pub fn render_proxy_metrics(state: &serde_json::Value, out: &mut String) {
             );
         }
     }
+    let c = &state["connections"];
+    if c.is_object() {
+        let _ = writeln!(
+            out,
+            "# HELP mintgate_proxy_connections HTTP/1.1 and HTTP/2 connections open now.\n\
+             # TYPE mintgate_proxy_connections gauge\n\
+             mintgate_proxy_connections {}\n\
+             # HELP mintgate_proxy_connections_closed_total HTTP/1.1 and HTTP/2 connections closed by a limit, by reason.\n\
+             # TYPE mintgate_proxy_connections_closed_total counter",
+            n(&c["open"])
+        );
+        for k in [
+            "refused_per_source",
+            "refused_total",
+            "header_timeouts",
+            "idle_closed",
+        ] {
+            let _ = writeln!(
+                out,
+                "mintgate_proxy_connections_closed_total{{reason=\"{k}\"}} {}",
+                n(&c[k])
+            );
+        }
+    }
 }
 
 /// Runs `mintgate proxy` until SIGINT or SIGTERM.
@@ -290,8 +350,12 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
     if !a.upstream.is_empty() {
         s.allow = a.upstream.clone();
     }
-    if !a.token.is_empty() {
-        s.bearer_tokens = a.token.clone();
+    let mut tokens: Vec<String> = a.token.iter().filter(|t| !t.is_empty()).cloned().collect();
+    if let Some(f) = &a.token_file {
+        tokens.extend(crate::secrets_from_file(f, "--token-file")?);
+    }
+    if !tokens.is_empty() {
+        s.bearer_tokens = tokens;
     }
     if let Some(cc) = a.cc {
         s.congestion = cc.name().to_owned();
@@ -304,9 +368,13 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
         print!("{}", full.to_toml_redacted());
         return Ok(ExitCode::SUCCESS);
     }
+    let nofile = crate::raise_nofile_limit();
+    tracing::debug!(nofile, "open descriptor limit");
     let set = crate::serve::block_signals();
-    let srv =
-        start(&s, &default_allow, &cfg.access, None)?.ok_or_else(|| anyhow!("nothing to serve"))?;
+    let srv = start(&s, &default_allow, &cfg.access, None, &|a| {
+        tracing::debug!("upstream CoAP socket on udp {a}")
+    })?
+    .ok_or_else(|| anyhow!("nothing to serve"))?;
     let sig = crate::serve::wait_for_signal(&set, Duration::from_secs(3600), || {});
     let st = srv.proxy().stats();
     use std::sync::atomic::Ordering::Relaxed;

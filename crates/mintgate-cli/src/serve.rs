@@ -226,6 +226,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         print!("{}", cfg.to_toml_redacted());
         return Ok(ExitCode::SUCCESS);
     }
+    let nofile = crate::raise_nofile_limit();
+    tracing::debug!(nofile, "open descriptor limit");
     // a read-only or full state folder is an error now, not a failed write later
     mintgate_gateway::state::check_all(&cfg)?;
     let set = block_signals();
@@ -263,23 +265,33 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         .dashboard
         .enabled
         .then(|| mintgate_gateway::dashboard::router(gw.handle()));
+    // Requests the proxy forwards come from its upstream socket, on
+    // loopback: the gateway takes them as remote (they carry their HTTP
+    // client's origin), registered before the proxy serves anyone.
+    let handle = gw.handle();
     let proxy = crate::proxy::start(
         &cfg.proxy,
         &crate::proxy::own_endpoints(&plain_addrs(&gw)),
         &cfg.access,
         dashboard,
+        &|a| handle.access().add_proxy_source(a),
     )?;
     if let Some(p) = &proxy {
         // The dashboard's proxy section and /metrics read the same counters.
-        let stats = std::sync::Arc::new((p.proxy().clone(), p.http_addr(), p.h3_addr()));
+        let stats = std::sync::Arc::new((
+            p.proxy().clone(),
+            p.conn_stats().clone(),
+            p.http_addr(),
+            p.h3_addr(),
+        ));
         let st = stats.clone();
         gw.add_state_source(
             "proxy",
-            std::sync::Arc::new(move || crate::proxy::proxy_state(&st.0, st.1, st.2)),
+            std::sync::Arc::new(move || crate::proxy::proxy_state(&st.0, Some(&st.1), st.2, st.3)),
         );
         gw.add_metrics_source(std::sync::Arc::new(move |out: &mut String| {
             crate::proxy::render_proxy_metrics(
-                &crate::proxy::proxy_state(&stats.0, stats.1, stats.2),
+                &crate::proxy::proxy_state(&stats.0, Some(&stats.1), stats.2, stats.3),
                 out,
             )
         }));
@@ -291,8 +303,20 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let metrics = match cfg.metrics.bind {
         Some(addr) => {
-            let m = mintgate_gateway::metrics::MetricsServer::start(addr, gw.handle())
-                .with_context(|| format!("starting the metrics endpoint on tcp {addr}"))?;
+            // the proxy's accept loop, with [proxy]'s connection limits
+            // and timeouts (the dashboard is served here too)
+            let limits = mintgate_proxy::server::ConnLimits::from(&crate::proxy::proxy_config(
+                &cfg.proxy,
+                &crate::proxy::own_endpoints(&cfg.coap.bind),
+            )?);
+            let m = mintgate_gateway::metrics::MetricsServer::start_with(
+                addr,
+                gw.handle(),
+                Box::new(move |listener, app, stop| {
+                    Box::pin(mintgate_proxy::server::serve(listener, app, limits, stop))
+                }),
+            )
+            .with_context(|| format!("starting the metrics endpoint on tcp {addr}"))?;
             tracing::info!(
                 "metrics on http://{0}/metrics and http://{0}/api/observer{1}",
                 m.local_addr(),

@@ -162,3 +162,137 @@ fn dtls_mode_takes_listed_identities_over_coaps_only() {
     assert!(gw.terminate(Duration::from_secs(10)), "{}", gw.log_text());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn proxied_writes_carry_their_origin_and_links_are_bounded() {
+    let dir = tmp_dir("access-proxied");
+    let (coap, http_port, metrics) = (free_udp(), free_tcp(), free_tcp());
+    let cfg = write_config(
+        &dir,
+        coap,
+        &format!(
+            "[proxy]\nhttp = \"127.0.0.1:{http_port}\"\n\
+             [metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
+             [directpath]\nmax_links = 2\n"
+        ),
+    );
+    let mut gw = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    gw.wait_coap(
+        format!("127.0.0.1:{coap}").parse().unwrap(),
+        Duration::from_secs(20),
+    );
+    gw.wait_log("HTTP/1.1 and HTTP/2 proxy on tcp", Duration::from_secs(20));
+    gw.wait_log("metrics on http", Duration::from_secs(20));
+    let link = "temp0 | threshold(25, 23) -> actuator(led0)";
+    // through the proxy, unauthenticated: the CoAP endpoint sees the
+    // proxy's socket on loopback but takes it as remote (4.03 -> 403)
+    let path = format!("/hc/coap://127.0.0.1:{coap}/links");
+    let (st, head, body) = http(
+        http_port,
+        "POST",
+        &path,
+        &[("Content-Type", "text/plain")],
+        link.as_bytes(),
+    );
+    assert_eq!(st, 403, "{head}\n{body}");
+    assert!(body.contains("loopback"), "{body}");
+    // a browser's cross-site write is refused by the proxy itself
+    let (st, _, body) = http(
+        http_port,
+        "POST",
+        &path,
+        &[
+            ("Content-Type", "text/plain"),
+            ("Origin", "http://evil.example"),
+        ],
+        link.as_bytes(),
+    );
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("origin"), "{body}");
+    // reads through the proxy still work
+    let (st, _, _) = http(http_port, "GET", &path, &[], b"");
+    assert_eq!(st, 200);
+    // the same write straight from loopback is taken, up to max_links
+    let links = format!("coap://127.0.0.1:{coap}/links");
+    for _ in 0..2 {
+        let o = mintgate(&["post", &links, "-e", link]);
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+    }
+    let o = mintgate(&["post", &links, "-e", link]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(
+        err.contains("4.03") && format!("{out}{err}").contains("directpath.max_links"),
+        "{out}{err}"
+    );
+    // the dashboard has no write route: a cross-site POST gets no 2xx
+    let (st, _, _) = http(
+        metrics,
+        "POST",
+        "/api/state",
+        &[("Origin", "http://evil.example")],
+        b"x",
+    );
+    assert!(st >= 400, "{st}");
+    let (st, _, text) = http(metrics, "GET", "/metrics", &[], b"");
+    assert_eq!(st, 200);
+    assert_eq!(
+        metric(
+            &text,
+            "mintgate_access_refused_total{reason=\"admin_not_loopback\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&text, "mintgate_proxy_errors_total{reason=\"cross_site\"}"),
+        Some(1.0)
+    );
+    assert!(gw.terminate(Duration::from_secs(10)), "{}", gw.log_text());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn proxy_tokens_come_from_a_file_or_the_environment_and_are_never_printed() {
+    let dir = tmp_dir("access-secrets");
+    let f = dir.join("tokens");
+    std::fs::write(&f, "# tokens\nfile-secret-1\n\n  file-secret-2  \n").unwrap();
+    let o = mintgate(&[
+        "proxy",
+        "--token-file",
+        f.to_str().unwrap(),
+        "--print-config",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains("file-secret"), "{out}");
+    assert_eq!(out.matches("<redacted>").count(), 2, "{out}");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args(["proxy", "--print-config"])
+        .env(
+            "MINTGATE_PROXY_TOKENS",
+            "env-secret-1,env-secret-2,env-secret-3",
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains("env-secret"), "{out}");
+    assert_eq!(out.matches("<redacted>").count(), 3, "{out}");
+    // an empty file is an error that names the flag, not a silent no-token
+    std::fs::write(&f, "# nothing\n").unwrap();
+    let o = mintgate(&[
+        "proxy",
+        "--token-file",
+        f.to_str().unwrap(),
+        "--print-config",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--token-file"),
+        "{o:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

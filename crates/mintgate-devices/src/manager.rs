@@ -129,6 +129,8 @@ struct Inner {
     next_input: AtomicU32,
     dp: DirectPath,
     links: Mutex<HashMap<LinkId, LinkRefs>>,
+    /// `directpath.max_links`.
+    max_links: usize,
     store: Option<Store>,
     /// The store's flusher (dropped, so stopped and joined, with the last
     /// handle on the manager; it flushes once more as it stops).
@@ -302,6 +304,26 @@ pub fn check_config(devices: &DevicesConfig, dp: &DirectPathConfig) -> Result<()
             why: format!("{} is outside 0..=99", dp.priority),
         });
     }
+    if !(1..=crate::directpath::MAX_LINKS_LIMIT).contains(&dp.max_links) {
+        return Err(DeviceError::Config {
+            name: "directpath.max_links".into(),
+            why: format!(
+                "{} is outside 1..={}",
+                dp.max_links,
+                crate::directpath::MAX_LINKS_LIMIT
+            ),
+        });
+    }
+    if dp.links.len() > dp.max_links {
+        return Err(DeviceError::Config {
+            name: "directpath.links".into(),
+            why: format!(
+                "{} links, above directpath.max_links ({})",
+                dp.links.len(),
+                dp.max_links
+            ),
+        });
+    }
     for l in &dp.links {
         parse_link(l)?;
     }
@@ -460,6 +482,7 @@ impl DeviceManager {
         dp: &DirectPathConfig,
         store: Option<Store>,
     ) -> Result<DeviceManager, DeviceError> {
+        let max_links = dp.max_links;
         let dp = DirectPath::start(dp).map_err(|source| DeviceError::Io {
             what: "starting the direct path worker".into(),
             cause: source,
@@ -496,6 +519,7 @@ impl DeviceManager {
                 next_input: AtomicU32::new(0),
                 dp,
                 links: Mutex::new(HashMap::new()),
+                max_links: max_links.max(1),
                 store,
                 _flusher: flusher,
             }),
@@ -717,12 +741,23 @@ impl DeviceManager {
         // hold the link registry while adding, so a concurrent remove of
         // one of the names either sees this link or runs before the check
         let mut links = self.inner.links.lock();
+        if links.len() >= self.inner.max_links {
+            return Err(format!(
+                "the direct path holds {} links, its limit (directpath.max_links); remove one first",
+                links.len()
+            ));
+        }
         if names.iter().any(|n| self.get(n).is_none()) {
             return Err("a device of the link was removed meanwhile".into());
         }
         let id = self.inner.dp.add_link(dev.input, text, filters, sinks);
         links.insert(id, LinkRefs { names });
         Ok(id)
+    }
+
+    /// Whether the direct path holds `directpath.max_links` links.
+    pub fn links_full(&self) -> bool {
+        self.inner.links.lock().len() >= self.inner.max_links
     }
 
     /// Removes a link; returns whether it existed.
@@ -1165,5 +1200,28 @@ mod tests {
             DeviceManager::start(&devices, &dp).is_err(),
             "the start agrees"
         );
+        // links are bounded: in the file, and when added at run time
+        dp.priority = 0;
+        dp.max_links = 0;
+        let e = check_config(&devices, &dp).unwrap_err().to_string();
+        assert!(e.contains("directpath.max_links"), "{e}");
+        dp.max_links = 2;
+        dp.links = vec!["s -> log".into(); 3];
+        let e = check_config(&devices, &dp).unwrap_err().to_string();
+        assert!(e.contains("above directpath.max_links (2)"), "{e}");
+        assert!(
+            DeviceManager::start(&devices, &dp).is_err(),
+            "the start agrees"
+        );
+        dp.links.truncate(1);
+        let m = DeviceManager::start(&devices, &dp).unwrap();
+        assert!(!m.links_full());
+        let id = m.add_link("s -> log").unwrap();
+        assert!(m.links_full());
+        let e = m.add_link("s -> log").unwrap_err();
+        assert!(e.contains("directpath.max_links"), "{e}");
+        assert_eq!(m.links().len(), 2);
+        assert!(m.remove_link(id));
+        m.add_link("s -> log").unwrap();
     }
 }

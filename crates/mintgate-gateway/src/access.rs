@@ -20,11 +20,21 @@
 //! `Authorization`, 401 otherwise) and passes the token on to the gateway's
 //! own CoAP endpoint in the Access-Token option.
 //!
+//! Requests the HTTP proxy forwards reach the CoAP endpoint from the
+//! proxy's upstream socket, on loopback when proxy and gateway share a
+//! host. They carry their HTTP client's origin, not the proxy's: a source
+//! registered with [`AccessPolicy::add_proxy_source`] (`mintgate serve
+//! --http` registers its own proxy's upstream socket) is never taken as
+//! loopback, so a write to `/links` through the proxy needs what any
+//! remote write needs.
+//!
 //! [`AccessPolicy::check`] takes the DTLS identity as an `Option`: requests
 //! that arrived over plain UDP have none.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::RwLock;
 
 use mintgate_coap::server::{Request, ResponseBuilder};
 use mintgate_coap::wire::{Code, ContentFormat, OptionNumber};
@@ -66,6 +76,11 @@ pub struct AccessSection {
     /// Let unauthenticated writes to admin resources (`/links`) come from
     /// sources that are not on loopback.
     pub admin_remote: bool,
+    /// Local addresses of HTTP proxies' upstream sockets (a `mintgate
+    /// proxy` in another process with `proxy.upstream_bind`): requests from
+    /// them are never taken as loopback. `mintgate serve --http` registers
+    /// its own proxy without this.
+    pub proxy_sources: Vec<SocketAddr>,
 }
 
 impl AccessSection {
@@ -89,6 +104,14 @@ impl AccessSection {
                     "a token must be 1..=255 bytes without spaces (one is {} bytes)",
                     t.len()
                 ),
+            );
+        }
+        if let Some(a) = self.proxy_sources.iter().find(|a| {
+            a.port() == 0 || !(a.ip().is_unspecified() || a.ip().to_canonical().is_loopback())
+        }) {
+            return v(
+                "access.proxy_sources",
+                format!("{a}: give the proxy's upstream_bind, a loopback or unspecified address with its port"),
             );
         }
         if self.identities.iter().any(String::is_empty) {
@@ -177,15 +200,40 @@ pub fn is_write(code: Code) -> bool {
 pub struct AccessPolicy {
     cfg: AccessSection,
     refused: [AtomicU64; 4],
+    /// Local sockets of HTTP proxies forwarding to this gateway; requests
+    /// from them are never taken as loopback.
+    proxied: RwLock<Vec<SocketAddr>>,
 }
 
 impl AccessPolicy {
     /// The policy of `[access]`.
     pub fn new(cfg: AccessSection) -> AccessPolicy {
         AccessPolicy {
+            proxied: RwLock::new(cfg.proxy_sources.clone()),
             cfg,
             refused: Default::default(),
         }
+    }
+
+    /// Registers the local address of a proxy's upstream socket (bound to
+    /// an unspecified address or to a loopback one): CoAP requests from
+    /// it were made on behalf of HTTP clients, and are judged as remote.
+    pub fn add_proxy_source(&self, addr: SocketAddr) {
+        let mut p = self.proxied.write();
+        if !p.contains(&addr) {
+            p.push(addr);
+        }
+    }
+
+    /// Whether `peer` is a registered proxy's upstream socket: a loopback
+    /// address with its port (and its address, unless it was bound to an
+    /// unspecified one). A peer not on loopback is remote anyway.
+    pub fn is_proxied(&self, peer: SocketAddr) -> bool {
+        let ip = peer.ip().to_canonical();
+        ip.is_loopback()
+            && self.proxied.read().iter().any(|p| {
+                p.port() == peer.port() && (p.ip().is_unspecified() || p.ip().to_canonical() == ip)
+            })
     }
 
     /// The settings.
@@ -199,6 +247,18 @@ impl AccessPolicy {
     pub fn decide(
         &self,
         peer: IpAddr,
+        admin: bool,
+        token: Option<&[u8]>,
+        identity: Option<&str>,
+    ) -> Result<(), Refusal> {
+        self.decide_local(peer.to_canonical().is_loopback(), admin, token, identity)
+    }
+
+    /// [`decide`](Self::decide) for a source that is (`local`) or is not
+    /// taken as loopback.
+    fn decide_local(
+        &self,
+        local: bool,
         admin: bool,
         token: Option<&[u8]>,
         identity: Option<&str>,
@@ -221,7 +281,7 @@ impl AccessPolicy {
                 Some(_) => true,
             },
         };
-        if admin && !authenticated && !self.cfg.admin_remote && !peer.to_canonical().is_loopback() {
+        if admin && !authenticated && !self.cfg.admin_remote && !local {
             return Err(Refusal::NotLoopback);
         }
         Ok(())
@@ -242,7 +302,8 @@ impl AccessPolicy {
             .options()
             .find(|o| o.number == ACCESS_TOKEN)
             .map(|o| o.value);
-        let r = self.decide(req.peer.ip(), admin, token, identity);
+        let local = req.peer.ip().to_canonical().is_loopback() && !self.is_proxied(req.peer);
+        let r = self.decide_local(local, admin, token, identity);
         if let Err(why) = r {
             self.count(why);
         }
@@ -297,6 +358,7 @@ mod tests {
             tokens: vec!["s3cret".into(), "other".into()],
             identities: vec!["sensor-1".into()],
             admin_remote: false,
+            proxy_sources: Vec::new(),
         })
     }
 
@@ -353,6 +415,66 @@ mod tests {
         );
         assert_eq!(Refusal::BadToken.code(), Code::UNAUTHORIZED);
         assert_eq!(Refusal::NotLoopback.code(), Code::FORBIDDEN);
+    }
+
+    #[test]
+    fn a_proxys_upstream_socket_is_not_loopback() {
+        let p = policy(WriteMode::Open);
+        let up: SocketAddr = "[::]:40000".parse().unwrap();
+        let other: SocketAddr = "127.0.0.1:40001".parse().unwrap();
+        assert!(!p.is_proxied("127.0.0.1:40000".parse().unwrap()));
+        p.add_proxy_source(up);
+        p.add_proxy_source("127.0.0.2:40002".parse().unwrap());
+        for seen in [
+            "127.0.0.1:40000",
+            "[::1]:40000",
+            "[::ffff:127.0.0.1]:40000",
+            "127.0.0.2:40002",
+        ] {
+            assert!(p.is_proxied(seen.parse().unwrap()), "{seen}");
+        }
+        assert!(!p.is_proxied(other));
+        assert!(
+            !p.is_proxied("127.0.0.1:40002".parse().unwrap()),
+            "bound to 127.0.0.2 only"
+        );
+        assert!(
+            !p.is_proxied("192.0.2.1:40000".parse().unwrap()),
+            "remote anyway"
+        );
+        // Through check: an unauthenticated admin write from the proxy's
+        // socket is refused and counted; the same from another loopback
+        // port is allowed.
+        let mut buf = vec![0u8; 128];
+        let mut w = mintgate_coap::wire::MessageWriter::new(
+            &mut buf,
+            mintgate_coap::wire::MessageType::Con,
+            Code::POST,
+            1,
+            b"t",
+        )
+        .unwrap();
+        w.option(OptionNumber::URI_PATH, b"links").unwrap();
+        let n = w.finish();
+        let pkt = mintgate_coap::wire::Packet::new_checked(&buf[..n]).unwrap();
+        let req = |peer: &str| Request {
+            peer: peer.parse().unwrap(),
+            packet: &pkt,
+            identity: None,
+        };
+        assert_eq!(
+            p.check(&req("127.0.0.1:40000"), None),
+            Err(Refusal::NotLoopback)
+        );
+        assert_eq!(p.refused(Refusal::NotLoopback), 1);
+        assert_eq!(p.check(&req("127.0.0.1:40001"), None), Ok(()));
+        let tok = policy(WriteMode::Token);
+        tok.add_proxy_source(up);
+        assert_eq!(
+            tok.decide_local(false, true, Some(b"s3cret"), None),
+            Ok(()),
+            "a token the proxy forwards still authenticates"
+        );
     }
 
     #[test]

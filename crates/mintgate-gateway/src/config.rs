@@ -363,10 +363,19 @@ pub struct ProxySection {
     pub server_timing: bool,
     /// Connections served at once, per listener.
     pub max_connections: usize,
-    /// HTTP/1.1 request-head timeout, ms.
+    /// Connections served at once per source (IPv4 address, IPv6 /64), per
+    /// listener.
+    pub max_connections_per_source: usize,
+    /// Time a new connection has to deliver its first request head (after
+    /// the HTTP/2 preface), and any request head or body once begun, ms.
     pub header_timeout_ms: u64,
-    /// Idle connection timeout, ms (HTTP/2 pings, QUIC idle timeout).
+    /// A connection with no request in flight is closed after this, ms
+    /// (HTTP/1.1 keep-alive, HTTP/2, QUIC idle timeout).
     pub idle_timeout_ms: u64,
+    /// Local address of the upstream CoAP socket (absent: `[::]:0`, any
+    /// port). A fixed one lets a gateway in another process list it in
+    /// `access.proxy_sources`.
+    pub upstream_bind: Option<SocketAddr>,
     /// HTTP/3 certificate chain (PEM); with `tls_key`. Absent: self-signed.
     pub tls_cert: Option<std::path::PathBuf>,
     /// HTTP/3 private key (PEM).
@@ -414,8 +423,10 @@ impl Default for ProxySection {
             cache_max_payload: 16 * 1024,
             server_timing: true,
             max_connections: 1024,
+            max_connections_per_source: 64,
             header_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
+            upstream_bind: None,
             tls_cert: None,
             tls_key: None,
             tls_dir: "mintgate-tls".into(),

@@ -6,7 +6,7 @@
 //! | `/sensors/NAME` | GET (observable) | the value now, `text/plain` (`22.513`), or JSON with `Accept: 50` |
 //! | `/actuators/NAME` | GET (observable), PUT | the last value written; PUT a number (or `on`/`off`), or JSON `{"v": 2}` / `{"value": 2}`, to set it |
 //! | `/sensors/NAME/history`, `/actuators/NAME/history` | GET | the bounded history as CSV `unix_ms,value`, block-wise (Block2) when large |
-//! | `/links` | GET, POST, DELETE | the direct path's links, one `ID: LINK` per line; POST a link (`temp0 \| threshold(25, 23) -> actuator(led0)`) to add it (2.01, payload the id); DELETE `?id=N` to remove one |
+//! | `/links` | GET, POST, DELETE | the direct path's links, one `ID: LINK` per line; POST a link (`temp0 \| threshold(25, 23) -> actuator(led0)`) to add it (2.01, payload the id; 4.03 when `directpath.max_links` are held); DELETE `?id=N` to remove one |
 //!
 //! A value carries Max-Age: a sampled sensor's period (rounded up to whole
 //! seconds), 0 for what can change at any moment
@@ -263,7 +263,14 @@ pub fn links_resource(m: &DeviceManager, max_block: usize) -> Resource {
                         .write(id.to_string().as_bytes());
                 }
                 Err(why) => {
-                    rb.set_code(Code::BAD_REQUEST)
+                    // at the limit: 4.03 (the request was fine, the gateway
+                    // takes no more); otherwise the link was wrong
+                    let code = if p.links_full() {
+                        Code::FORBIDDEN
+                    } else {
+                        Code::BAD_REQUEST
+                    };
+                    rb.set_code(code)
                         .content_format(ContentFormat::TEXT_PLAIN)
                         .write(why.as_bytes());
                 }

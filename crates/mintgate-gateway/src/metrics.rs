@@ -7,8 +7,10 @@
 //! it never competes with the CoAP pipeline's threads for a worker.
 
 use std::fmt::Write as _;
+use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::thread::JoinHandle;
 
@@ -31,9 +33,49 @@ pub struct MetricsServer {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Serves a router on a listener until the future it is given completes:
+/// how [`MetricsServer::start_with`] runs its HTTP side (the CLI passes the
+/// HTTP proxy's accept loop, with its connection limits and timeouts).
+pub type ServeFn = Box<
+    dyn FnOnce(
+            tokio::net::TcpListener,
+            Router,
+            Pin<Box<dyn Future<Output = ()> + Send>>,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send,
+>;
+
 impl MetricsServer {
-    /// Binds `addr` (errors are returned here, not later) and serves.
+    /// Binds `addr` (errors are returned here, not later) and serves with
+    /// axum's own accept loop (no connection limits: for tests and labs;
+    /// `mintgate serve` uses [`start_with`](Self::start_with)).
     pub fn start(addr: SocketAddr, gw: GatewayHandle) -> io::Result<MetricsServer> {
+        Self::start_with(
+            addr,
+            gw,
+            Box::new(|listener, app, stopped| {
+                Box::pin(async move {
+                    let served = axum::serve(
+                        listener,
+                        app.into_make_service_with_connect_info::<SocketAddr>(),
+                    )
+                    .with_graceful_shutdown(stopped);
+                    if let Err(e) = served.await {
+                        tracing::error!(error = %e, "metrics endpoint stopped");
+                    }
+                })
+            }),
+        )
+    }
+
+    /// Binds `addr` and serves with `serve`, which must give handlers the
+    /// peer address as `ConnectInfo<SocketAddr>` (the dashboard answers
+    /// loopback only by default).
+    pub fn start_with(
+        addr: SocketAddr,
+        gw: GatewayHandle,
+        serve: ServeFn,
+    ) -> io::Result<MetricsServer> {
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -59,16 +101,14 @@ impl MetricsServer {
                     if gw.config().dashboard.enabled {
                         app = app.merge(crate::dashboard::router(gw));
                     }
-                    let served = axum::serve(
+                    serve(
                         listener,
-                        app.into_make_service_with_connect_info::<SocketAddr>(),
+                        app,
+                        Box::pin(async {
+                            let _ = stopped.await;
+                        }),
                     )
-                    .with_graceful_shutdown(async {
-                        let _ = stopped.await;
-                    });
-                    if let Err(e) = served.await {
-                        tracing::error!(error = %e, "metrics endpoint stopped");
-                    }
+                    .await;
                 });
             })?;
         Ok(MetricsServer {

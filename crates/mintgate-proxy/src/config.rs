@@ -58,9 +58,16 @@ pub struct ProxyConfig {
     /// HTTP/1.1 and HTTP/2: most connections served at once (more are
     /// closed on accept).
     pub max_connections: usize,
-    /// HTTP/1.1: time a client has to send a request head.
+    /// Connections served at once per source (IPv4 address or IPv6 /64),
+    /// per listener (more are closed on accept); `max_connections` bounds
+    /// it too.
+    pub max_connections_per_source: usize,
+    /// Time a new connection has to send its first request head (after the
+    /// HTTP/2 preface for HTTP/2); an HTTP/1.1 request head, once begun,
+    /// and a request body, once its head is in, have as long.
     pub header_timeout: Duration,
-    /// HTTP/1.1 and HTTP/2: an idle connection is closed after this long.
+    /// A connection with no request in flight is closed after this long
+    /// (HTTP/1.1 keep-alive, HTTP/2, QUIC idle timeout).
     pub idle_timeout: Duration,
     /// TLS settings for HTTP/3 (and mutual TLS).
     pub tls: TlsConfig,
@@ -128,6 +135,7 @@ impl Default for ProxyConfig {
             cache_max_payload: 16 * 1024,
             server_timing: true,
             max_connections: 1024,
+            max_connections_per_source: 64,
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             tls: TlsConfig {
@@ -169,6 +177,10 @@ impl ProxyConfig {
             ("max_queue_per_upstream", self.max_queue_per_upstream),
             ("nstart", self.nstart),
             ("max_connections", self.max_connections),
+            (
+                "max_connections_per_source",
+                self.max_connections_per_source,
+            ),
             ("max_uri", self.max_uri),
         ] {
             if v == 0 {
@@ -177,6 +189,17 @@ impl ProxyConfig {
         }
         if self.nstart > 1024 {
             return e("nstart", format!("{} is above 1024", self.nstart));
+        }
+        for (key, d) in [
+            ("header_timeout_ms", self.header_timeout),
+            ("idle_timeout_ms", self.idle_timeout),
+        ] {
+            if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+                return e(
+                    key,
+                    format!("{} ms is outside 100..=3600000", d.as_millis()),
+                );
+            }
         }
         if self.request_timeout.is_zero() {
             return e("request_timeout", "must be positive".into());

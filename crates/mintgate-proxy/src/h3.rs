@@ -11,12 +11,14 @@
 //! whatever its method, even if its bytes came as early data: the completed
 //! handshake (the client's Finished) proves the connection is not a replay.
 //!
-//! Limits: at most `max_connections` connections (more are refused), 100
+//! Limits: at most `max_connections` connections in all and
+//! `max_connections_per_source` per source (more are refused), the HTTP/3
+//! settings exchange, each request head and then its body within
+//! `header_timeout` (the stream is dropped otherwise), 100
 //! concurrent request streams per connection, an idle connection closes
 //! after `idle_timeout`, bodies above `max_body` get 413.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -26,6 +28,7 @@ use http::{Response, StatusCode};
 use quinn::crypto::rustls::QuicServerConfig;
 
 use crate::config::ProxyConfig;
+use crate::limits::ConnCounter;
 use crate::mapping::ProxyError;
 use crate::service::{ClientInfo, Proxy};
 use crate::tls::{self, ServerCert};
@@ -59,25 +62,34 @@ pub fn endpoint(
 
 /// Serves HTTP/3 on `endpoint` until it is closed.
 pub async fn serve(endpoint: quinn::Endpoint, proxy: Arc<Proxy>) {
-    let conns = Arc::new(AtomicUsize::new(0));
-    let max = proxy.config().max_connections.max(1);
+    let cfg = proxy.config();
+    let counter = ConnCounter::new(cfg.max_connections_per_source, cfg.max_connections);
+    let header_timeout = cfg.header_timeout;
     while let Some(incoming) = endpoint.accept().await {
-        if conns.load(Relaxed) >= max {
+        // Per source as well as in all, so that one host cannot take every
+        // slot. (A source address is only proven once the handshake
+        // completes; before, the total cap is what holds.)
+        let Ok(slot) = counter.try_open(incoming.remote_address().ip()) else {
             incoming.refuse();
             continue;
-        }
-        conns.fetch_add(1, Relaxed);
-        let (proxy, conns) = (proxy.clone(), conns.clone());
+        };
+        let proxy = proxy.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(incoming, proxy).await {
+            // The handshake and the HTTP/3 settings exchange must be done
+            // within the header timeout; afterwards QUIC's idle timeout holds.
+            if let Err(e) = connection(incoming, proxy, header_timeout).await {
                 tracing::debug!(error = %e, "h3 connection");
             }
-            conns.fetch_sub(1, Relaxed);
+            drop(slot);
         });
     }
 }
 
-async fn connection(incoming: quinn::Incoming, proxy: Arc<Proxy>) -> anyhow::Result<()> {
+async fn connection(
+    incoming: quinn::Incoming,
+    proxy: Arc<Proxy>,
+    header_timeout: std::time::Duration,
+) -> anyhow::Result<()> {
     let peer = incoming.remote_address();
     let connecting = incoming.accept()?;
     let (conn, handshake) = match connecting.into_0rtt() {
@@ -89,8 +101,12 @@ async fn connection(incoming: quinn::Incoming, proxy: Arc<Proxy>) -> anyhow::Res
             futures_util::future::ready(()).boxed().shared(),
         ),
     };
-    let mut h3c: h3::server::Connection<h3_quinn::Connection, Bytes> =
-        h3::server::Connection::new(h3_quinn::Connection::new(conn)).await?;
+    let mut h3c: h3::server::Connection<h3_quinn::Connection, Bytes> = tokio::time::timeout(
+        header_timeout,
+        h3::server::Connection::new(h3_quinn::Connection::new(conn)),
+    )
+    .await
+    .context("no HTTP/3 settings within the header timeout")??;
     loop {
         match h3c.accept().await {
             Ok(Some(resolver)) => {
@@ -121,7 +137,11 @@ async fn request(
     handshake: Shared,
     proxy: Arc<Proxy>,
 ) -> anyhow::Result<()> {
-    let (req, mut stream) = resolver.resolve_request().await?;
+    // a request head, and then its body, within the header timeout each
+    let head_timeout = proxy.config().header_timeout;
+    let (req, mut stream) = tokio::time::timeout(head_timeout, resolver.resolve_request())
+        .await
+        .context("no request head within the header timeout")??;
     let early_data = if proxy.config().tls.client_ca.is_some() {
         // Mutual TLS: nothing is served before the client's certificate has
         // been verified, which happens when the handshake completes.
@@ -134,7 +154,11 @@ async fn request(
     let max = proxy.config().max_body;
     let mut body = BytesMut::new();
     let mut too_large = false;
-    while let Some(mut chunk) = stream.recv_data().await? {
+    let body_deadline = tokio::time::Instant::now() + head_timeout;
+    while let Some(mut chunk) = tokio::time::timeout_at(body_deadline, stream.recv_data())
+        .await
+        .context("the request body did not arrive within the header timeout")??
+    {
         if body.len() + chunk.remaining() > max {
             too_large = true;
             break;

@@ -90,6 +90,8 @@ impl Sockets {
 /// The running proxy front ends; dropping it stops them.
 pub struct ProxyServer {
     proxy: Arc<Proxy>,
+    conn_stats: Arc<server::ConnStats>,
+    upstream_addr: Option<SocketAddr>,
     http_addr: Option<SocketAddr>,
     h3_addr: Option<SocketAddr>,
     cert: Option<(PathBuf, bool)>,
@@ -135,9 +137,11 @@ impl ProxyServer {
             None => upstream::Upstream::start(ucfg),
         }
         .context("binding the upstream CoAP socket")?;
+        let upstream_addr = Some(up.local_addr());
         let proxy = Proxy::new(cfg.clone(), up);
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut http_addr = None;
+        let conn_stats = Arc::new(server::ConnStats::default());
         if let Some(l) = sockets.http {
             let l = tokio::net::TcpListener::from_std(l).context("the HTTP listener")?;
             http_addr = Some(l.local_addr()?);
@@ -146,10 +150,11 @@ impl ProxyServer {
                 app = app.merge(extra);
             }
             let mut stopped = stopped.clone();
-            rt.spawn(server::serve(
+            rt.spawn(server::serve_counted(
                 l,
                 app,
                 server::ConnLimits::from(&cfg),
+                conn_stats.clone(),
                 async move {
                     let _ = stopped.wait_for(|s| *s).await;
                 },
@@ -170,6 +175,8 @@ impl ProxyServer {
         drop(_guard);
         Ok(ProxyServer {
             proxy,
+            conn_stats,
+            upstream_addr,
             http_addr,
             h3_addr,
             cert,
@@ -182,6 +189,18 @@ impl ProxyServer {
     /// The HTTP/1.1 + HTTP/2 address, when serving it.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http_addr
+    }
+
+    /// The HTTP/1.1 + HTTP/2 listener's connection counters.
+    pub fn conn_stats(&self) -> &Arc<server::ConnStats> {
+        &self.conn_stats
+    }
+
+    /// The local address of the upstream CoAP client's socket: requests
+    /// the proxy sends upstream come from it (a gateway serving the proxy
+    /// in its own process takes them as the proxy's, not as loopback).
+    pub fn upstream_addr(&self) -> Option<SocketAddr> {
+        self.upstream_addr
     }
 
     /// The HTTP/3 address, when serving it.

@@ -5,8 +5,9 @@
 //! Order of the checks, each with its status:
 //! 1. per-client rate limit (429 with Retry-After);
 //! 2. bearer token when tokens are configured (401 with a challenge), and
-//!    for writes (methods other than GET, HEAD, OPTIONS) the write policy
-//!    ([`WriteAuth`]; 401);
+//!    for writes (methods other than GET, HEAD, OPTIONS): a browser's
+//!    cross-site request is refused ([`cross_site`]; 403), then the write
+//!    policy ([`WriteAuth`]; 401);
 //! 3. target length (414), target form (`/hc/...` or a reverse prefix; 404
 //!    when neither, 400/501 when malformed);
 //! 4. the upstream must be allowed (403);
@@ -28,7 +29,7 @@ use mintgate_coap::wire::{Code, OptionNumber};
 use crate::cache::{self, Cache, Lookup};
 use crate::config::ProxyConfig;
 use crate::config::WriteAuth;
-use crate::limits::{bearer_ok, bearer_token, token_in, RateLimiter};
+use crate::limits::{bearer_ok, bearer_token, cross_site, token_in, RateLimiter};
 use crate::mapping::{
     map_request, map_response, resolve_target, safe_for_early_data, Authority, ProxyError,
     ResponseContext, Via,
@@ -58,6 +59,8 @@ pub struct ProxyStats {
     pub unauthorized: AtomicU64,
     /// Of those, writes refused by the write policy.
     pub write_refused: AtomicU64,
+    /// Refused: a browser's cross-site write (Origin, Sec-Fetch-Site).
+    pub cross_site: AtomicU64,
     /// Refused: upstream not allowed.
     pub forbidden: AtomicU64,
     /// Refused: unsafe method in early data.
@@ -192,8 +195,21 @@ impl Proxy {
                 "a valid bearer token is required",
             ));
         }
-        // writes: the [access] policy (safe methods pass)
+        // writes: no cross-site browser request, then the [access] policy
+        // (safe methods pass)
         if !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+            let own = headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .or_else(|| uri.authority().map(|a| a.as_str()));
+            if let Some(why) = cross_site(
+                headers.get("sec-fetch-site").map(|v| v.as_bytes()),
+                headers.get(header::ORIGIN).map(|v| v.as_bytes()),
+                own,
+            ) {
+                self.stats.cross_site.fetch_add(1, Relaxed);
+                return Err(ProxyError::new(StatusCode::FORBIDDEN, why));
+            }
             let refused = match &self.cfg.write_auth {
                 WriteAuth::Open => None,
                 WriteAuth::Bearer { .. } if write_token.is_some() => None,

@@ -206,6 +206,24 @@ impl Drop for Slot {
     }
 }
 
+/// A non-blocking upstream socket bound to `addr`, or by default to a
+/// dual-stack `[::]:0` (`0.0.0.0:0` where IPv6 is missing).
+pub fn bind(addr: Option<SocketAddr>) -> io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let Some(a) = addr else {
+        return bind_socket();
+    };
+    let s = Socket::new(Domain::for_address(a), Type::DGRAM, Some(Protocol::UDP))?;
+    if a.is_ipv6() {
+        s.set_only_v6(false)?;
+    }
+    s.bind(&a.into())?;
+    let _ = s.set_recv_buffer_size(1 << 20);
+    let _ = s.set_send_buffer_size(1 << 20);
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
 fn bind_socket() -> io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let v6 = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP)).and_then(|s| {

@@ -743,3 +743,193 @@ fn connection_limit_and_header_timeout() {
     ok.read_to_string(&mut out).unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
 }
+
+/// A TCP connection to `to` from the loopback address `from` (127.0.0.0/8
+/// is all loopback on Linux: another address is another source).
+fn connect_from(from: &str, to: SocketAddr) -> std::net::TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(&format!("{from}:0").parse::<SocketAddr>().unwrap().into())
+        .unwrap();
+    s.connect(&to.into()).unwrap();
+    s.into()
+}
+
+/// Reads until the server closes (or 5 s pass); the bytes and the time.
+fn read_until_closed(s: &mut std::net::TcpStream) -> (Vec<u8>, Duration) {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t0 = std::time::Instant::now();
+    let mut got = Vec::new();
+    let mut b = [0u8; 512];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("not closed within 5 s: {e}"),
+        }
+    }
+    (got, t0.elapsed())
+}
+
+#[test]
+fn stalled_clients_of_one_source_leave_others_served() {
+    use std::io::Write;
+    use std::sync::atomic::Ordering::Relaxed;
+    let coap = FakeCoap::start();
+    let mut cfg = config(&coap);
+    // fewer slots in all than the one source opens: without the cap per
+    // source, the other client would find none
+    cfg.max_connections = 32;
+    cfg.max_connections_per_source = 8;
+    cfg.header_timeout = Duration::from_millis(700);
+    cfg.idle_timeout = Duration::from_millis(900);
+    let srv = start(cfg);
+    let addr = srv.http_addr().unwrap();
+    // 40 connections from 127.0.0.1, each half a request line, stalled
+    let stalled: Vec<std::net::TcpStream> = (0..40)
+        .map(|_| {
+            let mut s = connect_from("127.0.0.1", addr);
+            let _ = s.write_all(b"GET /hc/coap://12");
+            s
+        })
+        .collect();
+    // a client of another source is answered at once
+    let t0 = std::time::Instant::now();
+    let mut other = connect_from("127.0.0.2", addr);
+    let req = format!(
+        "GET {} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        coap.uri("hello")
+    );
+    other.write_all(req.as_bytes()).unwrap();
+    let (got, _) = read_until_closed(&mut other);
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(600),
+        "{:?}",
+        t0.elapsed()
+    );
+    let st = srv.conn_stats();
+    assert_eq!(st.refused_per_source.load(Relaxed), 32, "8 of 40 admitted");
+    assert_eq!(st.refused_total.load(Relaxed), 0);
+    // the admitted stalled ones are cut after the header timeout
+    let mut closed = 0;
+    for mut s in stalled {
+        let (_, t) = read_until_closed(&mut s);
+        assert!(t < Duration::from_secs(3), "{t:?}");
+        closed += 1;
+    }
+    assert_eq!(closed, 40);
+
+    // a slow head, trickled a byte every 100 ms, is cut after the header
+    // timeout although bytes keep coming
+    let mut slow = connect_from("127.0.0.3", addr);
+    slow.write_all(b"GET /hc/x HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        .unwrap();
+    slow.set_nonblocking(false).unwrap();
+    let t0 = std::time::Instant::now();
+    let mut cut = None;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(100));
+        if slow.write_all(b"a").is_err() {
+            cut = Some(t0.elapsed());
+            break;
+        }
+    }
+    let cut = cut.unwrap_or_else(|| read_until_closed(&mut slow).1 + t0.elapsed());
+    assert!(
+        cut >= Duration::from_millis(500) && cut < Duration::from_secs(3),
+        "cut after {cut:?}"
+    );
+
+    // half an HTTP/2 preface, stalled: closed after the header timeout
+    // (by the listener's watchdog: hyper has no timer there)
+    let before = st.header_timeouts.load(Relaxed);
+    let mut h2 = connect_from("127.0.0.4", addr);
+    h2.write_all(b"PRI * HTTP/2.0\r\n").unwrap();
+    let (_, t) = read_until_closed(&mut h2);
+    assert!(
+        t >= Duration::from_millis(500) && t < Duration::from_secs(3),
+        "{t:?}"
+    );
+    // a whole preface and settings but no request: closed too
+    let mut h2 = connect_from("127.0.0.4", addr);
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .unwrap();
+    let (_, t) = read_until_closed(&mut h2);
+    assert!(
+        t >= Duration::from_millis(500) && t < Duration::from_secs(3),
+        "{t:?}"
+    );
+    assert_eq!(st.header_timeouts.load(Relaxed) - before, 2);
+    assert_eq!(st.open.load(Relaxed), 0);
+}
+
+#[test]
+fn an_idle_http2_connection_is_closed() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let coap = FakeCoap::start();
+    let mut cfg = config(&coap);
+    cfg.idle_timeout = Duration::from_millis(600);
+    let srv = start(cfg);
+    let rt = rt();
+    rt.block_on(async {
+        let mut c =
+            HttpClient::new(opts(Proto::H2, false, &srv), addr(&srv, Proto::H2), None).unwrap();
+        let e = get(&mut c, &coap.uri("hello"), &[]).await;
+        assert_eq!(e.status, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+    });
+    let st = srv.conn_stats();
+    assert_eq!(st.idle_closed.load(Relaxed), 1, "{st:?}");
+    assert_eq!(st.open.load(Relaxed), 0);
+}
+
+#[test]
+fn cross_site_browser_writes_are_refused() {
+    let coap = FakeCoap::start();
+    let srv = start(config(&coap));
+    let a = srv.http_addr().unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = HttpClient::new(opts(Proto::H1, false, &srv), a, None).unwrap();
+        let target = coap.uri("echo");
+        let own = format!("http://{a}");
+        let cases: [(&[(&str, &str)], bool); 5] = [
+            (&[("origin", "http://evil.example")], false),
+            (&[("sec-fetch-site", "cross-site")], false),
+            (&[("origin", "null")], false),
+            (
+                &[("origin", own.as_str()), ("sec-fetch-site", "same-origin")],
+                true,
+            ),
+            (&[], true),
+        ];
+        for (headers, passes) in cases {
+            let e = req(&mut c, Method::POST, &target, headers, "x").await;
+            if passes {
+                assert!(e.status.is_success(), "{headers:?}: {:?}", e.status);
+            } else {
+                assert_eq!(e.status, StatusCode::FORBIDDEN, "{headers:?}");
+                assert!(
+                    String::from_utf8_lossy(&e.body).contains("refused"),
+                    "{:?}",
+                    e.body
+                );
+            }
+        }
+        // reads are not concerned
+        let e = get(
+            &mut c,
+            &coap.uri("hello"),
+            &[("origin", "http://evil.example")],
+        )
+        .await;
+        assert_eq!(e.status, StatusCode::OK);
+    });
+}

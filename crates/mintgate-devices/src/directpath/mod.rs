@@ -154,7 +154,14 @@ pub struct DirectPathConfig {
     /// Links created at start, in the link syntax
     /// (`"temp0 | threshold(25, 23) -> actuator(led0)"`).
     pub links: Vec<String>,
+    /// Links the direct path holds at most (configured and added through
+    /// `/links` together); adding one more is refused. Each link runs on
+    /// the worker at every event of its input.
+    pub max_links: usize,
 }
+
+/// The largest `directpath.max_links` accepted.
+pub const MAX_LINKS_LIMIT: usize = 65_536;
 
 impl Default for DirectPathConfig {
     fn default() -> Self {
@@ -163,6 +170,7 @@ impl Default for DirectPathConfig {
             wait: WaitMode::Predict(Duration::from_micros(30)),
             priority: 50,
             links: Vec::new(),
+            max_links: 256,
         }
     }
 }

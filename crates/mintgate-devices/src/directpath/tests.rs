@@ -11,6 +11,7 @@ fn cfg(wait: WaitMode, cap: usize) -> DirectPathConfig {
         wait,
         priority: 0,
         links: vec![],
+        max_links: 256,
     }
 }
 
