@@ -344,7 +344,15 @@ fn lab_dtls_measures_both_transports_briefly() {
     let dir = std::env::temp_dir().join(format!("mintgate-lab-dtls-test-{}", std::process::id()));
     let o = Command::new(BIN)
         .args(["lab", "dtls", "--duration", "300ms", "--sessions", "2"])
-        .args(["--window", "4", "--out"])
+        .args([
+            "--window",
+            "4",
+            "--flood-rate",
+            "2000",
+            "--flood-requests",
+            "2",
+        ])
+        .args(["--flood-sources", "64", "--out"])
         .arg(&dir)
         .output()
         .expect("run mintgate lab dtls");
@@ -354,6 +362,9 @@ fn lab_dtls_measures_both_transports_briefly() {
         "PSK-AES128-CCM8",
         "ECDHE-ECDSA-AES128-CCM8",
         "coaps/coap throughput",
+        "ClientHello flood (64 loopback sources",
+        "sessions under flood",
+        "flood target:",
     ] {
         assert!(out.contains(want), "{want} missing: {out}");
     }
@@ -385,6 +396,27 @@ fn lab_dtls_measures_both_transports_briefly() {
     {
         assert!(rows[i + 1].starts_with(want), "row {}: {csv}", i + 1);
     }
+    // the flood's figures, the gateway's counters among them
+    let flood =
+        std::fs::read_to_string(dir.join("dtls_flood.csv")).expect("dtls_flood.csv written");
+    let figure = |name: &str| -> f64 {
+        flood
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(',')?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {name} in {flood}"))
+    };
+    assert!(figure("hello_rate") > 0.0, "{flood}");
+    assert!(figure("hello_verify_requests") > 0.0, "{flood}");
+    assert!(figure("throughput_during") > 0.0, "{flood}");
+    assert!(figure("rss_max") > 1.0, "{flood}");
+    assert_eq!(figure("evicted_or_refused"), 0.0, "{flood}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
