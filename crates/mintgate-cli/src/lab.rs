@@ -337,6 +337,16 @@ struct DtlsLabArgs {
     /// Handler threads of the gateway (a fixed pool, the same for both).
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least::<1>)]
     threads: usize,
+    /// ClientHellos per second of the flood measurement (0 = none).
+    #[arg(long, default_value_t = 20_000, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
+    flood_rate: u32,
+    /// Loopback source addresses of the flood (127.6.0.0 on, a socket each).
+    #[arg(long, default_value_t = 2048, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    flood_sources: u32,
+    /// Requests the real client (coap-client-openssl) makes during the
+    /// flood, a new session each.
+    #[arg(long, default_value_t = 10, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    flood_requests: u32,
 }
 
 impl OutArgs {
@@ -527,6 +537,13 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 sessions: a.sessions,
                 window: a.window,
                 threads: a.threads,
+                flood_rate: a.flood_rate,
+                flood_sources: a.flood_sources,
+                flood_requests: a.flood_requests,
+                exe: Some(
+                    std::env::current_exe()
+                        .map_err(|e| anyhow::anyhow!("cannot find the mintgate executable: {e}"))?,
+                ),
             },
         )?,
         Lab::Footprint { out } => {

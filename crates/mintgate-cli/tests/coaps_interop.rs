@@ -344,7 +344,15 @@ fn lab_dtls_measures_both_transports_briefly() {
     let dir = std::env::temp_dir().join(format!("mintgate-lab-dtls-test-{}", std::process::id()));
     let o = Command::new(BIN)
         .args(["lab", "dtls", "--duration", "300ms", "--sessions", "2"])
-        .args(["--window", "4", "--out"])
+        .args([
+            "--window",
+            "4",
+            "--flood-rate",
+            "2000",
+            "--flood-requests",
+            "2",
+        ])
+        .args(["--flood-sources", "64", "--out"])
         .arg(&dir)
         .output()
         .expect("run mintgate lab dtls");
@@ -354,6 +362,9 @@ fn lab_dtls_measures_both_transports_briefly() {
         "PSK-AES128-CCM8",
         "ECDHE-ECDSA-AES128-CCM8",
         "coaps/coap throughput",
+        "ClientHello flood (64 loopback sources",
+        "sessions under flood",
+        "flood target:",
     ] {
         assert!(out.contains(want), "{want} missing: {out}");
     }
@@ -385,6 +396,27 @@ fn lab_dtls_measures_both_transports_briefly() {
     {
         assert!(rows[i + 1].starts_with(want), "row {}: {csv}", i + 1);
     }
+    // the flood's figures, the gateway's counters among them
+    let flood =
+        std::fs::read_to_string(dir.join("dtls_flood.csv")).expect("dtls_flood.csv written");
+    let figure = |name: &str| -> f64 {
+        flood
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(',')?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {name} in {flood}"))
+    };
+    assert!(figure("hello_rate") > 0.0, "{flood}");
+    assert!(figure("hello_verify_requests") > 0.0, "{flood}");
+    assert!(figure("throughput_during") > 0.0, "{flood}");
+    assert!(figure("rss_max") > 1.0, "{flood}");
+    assert_eq!(figure("evicted_or_refused"), 0.0, "{flood}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -439,4 +471,177 @@ fn a_key_on_the_command_line_replaces_the_files() {
     let old = get("old-key");
     assert!(!old.status.success(), "the file's old key still works");
     let _ = std::fs::remove_file(&f);
+}
+
+/// One counter from the gateway's Prometheus text (`--metrics`).
+fn metric(metrics: u16, name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics)).expect("metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the metrics"))
+}
+
+/// A flood of cookieless ClientHellos from 1,024 loopback source
+/// addresses while libcoap's client opens sessions and makes its PSK
+/// requests and an established session keeps talking: every request is
+/// answered, every hello gets a HelloVerifyRequest and nothing else (no
+/// session, no eviction).
+#[test]
+fn a_hello_flood_from_many_sources_leaves_libcoap_and_a_session_served() {
+    use mintgate_dtls::hello::{write_client_hello, HelloFields};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::Arc;
+    if !have("coap-client-openssl") {
+        return;
+    }
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (_srv, port) = serve(&[
+        "--psk-identity",
+        ID,
+        "--psk-key",
+        KEY,
+        "--metrics",
+        &format!("127.0.0.1:{metrics}"),
+    ]);
+    let server: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    // the established session
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(server).unwrap();
+    let mut talker = mintgate_dtls::DtlsClient::connect(
+        sock,
+        mintgate_dtls::ClientSettings {
+            psk: Some(mintgate_dtls::Psk::new(ID, KEY.as_bytes().to_vec()).unwrap()),
+            ..Default::default()
+        },
+        Instant::now() + Duration::from_secs(5),
+    )
+    .expect("the talker's handshake");
+    let mut mid = 0u16;
+    let mut talk = |n: usize| {
+        for _ in 0..n {
+            mid = mid.wrapping_add(1);
+            // CON GET /request, token = message id
+            let m = mid.to_be_bytes();
+            let req = [&[0x42, 0x01, m[0], m[1], m[0], m[1], 0xb7][..], b"request"].concat();
+            let mut out = [0u8; 1500];
+            let mut answered = false;
+            // CoAP's own retransmission, shortened: the flood may crowd out
+            // a datagram now and then
+            for _ in 0..4 {
+                talker.send(&req).unwrap();
+                if let Some(k) = talker.recv(&mut out, Duration::from_millis(500)).unwrap() {
+                    assert!(out[..k].ends_with(b"hello world"), "{:?}", &out[..k]);
+                    answered = true;
+                    break;
+                }
+            }
+            assert!(answered, "the established session got no answer");
+        }
+    };
+    talk(5);
+    // the flood: 1,024 sources, a few thousand hellos per second (a debug
+    // build), for at most 20 s and 100,000 hellos
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let answered = Arc::new(AtomicU64::new(0));
+    // counts what came back: HelloVerifyRequests (record type 22,
+    // handshake type hello_verify_request 3)
+    fn drain(s: &UdpSocket, buf: &mut [u8], answered: &AtomicU64) {
+        while let Ok(n) = s.recv(buf) {
+            if n > 13 && buf[0] == 22 && buf[13] == 3 {
+                answered.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    let flood = {
+        let (stop, sent, answered) = (stop.clone(), sent.clone(), answered.clone());
+        std::thread::spawn(move || {
+            let socks: Vec<UdpSocket> = (0..1024u32)
+                .filter_map(|i| {
+                    let s = UdpSocket::bind((
+                        std::net::Ipv4Addr::new(127, 5, (i >> 8) as u8, i as u8),
+                        0,
+                    ))
+                    .ok()?;
+                    s.set_nonblocking(true).ok()?;
+                    Some(s)
+                })
+                .collect();
+            let end = Instant::now() + Duration::from_secs(20);
+            let mut buf = [0u8; 512];
+            'all: for round in 0u64.. {
+                for (i, s) in socks.iter().enumerate() {
+                    if stop.load(Relaxed) || Instant::now() > end || sent.load(Relaxed) >= 100_000 {
+                        break 'all;
+                    }
+                    if i % 8 == 0 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    let d = write_client_hello(&HelloFields {
+                        record_seq: round,
+                        random: [(round as u8) ^ (i as u8); 32],
+                        ..HelloFields::default()
+                    });
+                    if s.send_to(&d, server).is_ok() {
+                        sent.fetch_add(1, Relaxed);
+                    }
+                    drain(s, &mut buf, &answered);
+                }
+            }
+            // the last answers
+            std::thread::sleep(Duration::from_millis(300));
+            for s in &socks {
+                drain(s, &mut buf, &answered);
+            }
+            socks.len()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let uri = format!("coaps://127.0.0.1:{port}/request");
+    for i in 0..3 {
+        let (o, e) = libcoap_client(&["-u", ID, "-k", KEY, "-m", "get"], &uri);
+        assert_eq!(
+            o.trim(),
+            "hello world",
+            "libcoap request {i} during the flood: {e}"
+        );
+        talk(10);
+    }
+    // at least 5,000 hellos, every source several times
+    let end = Instant::now() + Duration::from_secs(10);
+    while sent.load(Relaxed) < 5000 && Instant::now() < end {
+        talk(1);
+    }
+    stop.store(true, Relaxed);
+    let sources = flood.join().unwrap();
+    let (sent, answered) = (sent.load(Relaxed), answered.load(Relaxed));
+    eprintln!("flood: {sent} hellos from {sources} sources, {answered} HelloVerifyRequests back");
+    assert!(sources >= 1000, "only {sources} loopback sources");
+    assert!(sent >= 5000, "the flood sent only {sent} hellos");
+    // each hello one answer (the kernel may drop a few on the way)
+    assert!(
+        answered >= sent * 9 / 10,
+        "{answered} answers to {sent} hellos"
+    );
+    let hvr = metric(metrics, "mintgate_coaps_hello_verify_requests_total");
+    assert!(hvr >= answered, "{hvr} counted, {answered} received");
+    // the talker and libcoap's three: the flood got no session and
+    // pushed none out
+    assert_eq!(metric(metrics, "mintgate_coaps_handshakes_total"), 4);
+    assert_eq!(metric(metrics, "mintgate_coaps_sessions_evicted_total"), 0);
+    assert_eq!(
+        metric(metrics, "mintgate_coaps_handshakes_refused_total"),
+        0
+    );
+    assert!(metric(metrics, "mintgate_coaps_sessions") <= 4);
+    talk(3);
 }

@@ -6,9 +6,10 @@
 //! datagram, each write is one datagram to send), so that the caller keeps
 //! its own sockets, batching and threads:
 //!
-//! - [`server::DtlsServer`]: the session table of a listener (bounded, idle
-//!   sessions expire, evictions counted), stateless-for-the-peer cookie
-//!   exchange (HelloVerifyRequest) so that a spoofed source gets only a
+//! - [`server::DtlsServer`]: the session table of a listener (bounded per
+//!   source and in all, idle sessions expire, evictions counted), with a
+//!   stateless cookie exchange (HelloVerifyRequest, [`hello`], [`cookie`])
+//!   so that a hello from a spoofed source costs no state and gets only a
 //!   small answer, pre-shared keys and/or X.509 certificates, decryption of
 //!   received records into CoAP datagrams and encryption of answers.
 //! - [`client::DtlsClient`]: one client session on a connected UDP socket
@@ -22,6 +23,8 @@
 #![cfg_attr(not(test), deny(clippy::panic, clippy::unreachable))]
 
 pub mod client;
+pub mod cookie;
+pub mod hello;
 pub mod pki;
 pub mod server;
 pub mod session;
@@ -32,7 +35,7 @@ use std::time::Duration;
 use openssl::ssl::{SslContextBuilder, SslFiletype, SslOptions, SslVerifyMode, SslVersion};
 
 pub use client::{ClientContext, ClientSettings, DtlsClient};
-pub use server::{DtlsServer, DtlsStats, ServerSettings};
+pub use server::{DtlsServer, DtlsStats, ServerSettings, Source};
 
 /// The cipher suites offered and accepted, in order of preference:
 /// TLS_PSK_WITH_AES_128_CCM_8 and TLS_ECDHE_ECDSA_WITH_AES_128_CCM_8 (the

@@ -1,27 +1,40 @@
 //! The server side: one listener's session table.
 //!
-//! Every datagram from a peer goes to that peer's session. A peer without
-//! a session may only open one with a ClientHello; anything else from it is
-//! dropped and counted. OpenSSL answers the first ClientHello with a
-//! HelloVerifyRequest carrying a cookie bound to the peer's address (RFC
-//! 6347 4.2.1), so an address that cannot receive gets back one small
-//! datagram, never the server's certificate flight. The table is bounded:
-//! when it is full, the session that is still handshaking and oldest goes
-//! first, else the one idle longest; sessions idle past the idle timeout
+//! Every datagram from a peer goes to that peer's session, except a
+//! ClientHello of epoch 0, which is answered statelessly first (RFC 6347
+//! 4.2.1): the server parses the record ([`crate::hello`]) and, unless the
+//! hello carries a valid cookie, sends back a HelloVerifyRequest whose
+//! cookie is an HMAC-SHA256 of the peer's address and the hello's fields
+//! under a secret that changes every [`ServerSettings::cookie_period`]
+//! ([`crate::cookie`]). Until a hello carries a valid cookie nothing is
+//! kept and no lock is taken: no OpenSSL object, no table entry, so a
+//! flood of hellos from spoofed sources costs one HMAC and one small
+//! datagram each, never memory. Only a hello with a valid cookie (the
+//! peer has shown that it receives at its address) gets a session; OpenSSL
+//! takes that hello as the second one, as after its own `DTLSv1_listen`.
+//!
+//! Anything else from a peer without a session is dropped and counted.
+//! The table is bounded: a source (an IPv4 address, or an IPv6 /64) may
+//! have at most [`ServerSettings::max_handshakes_per_source`] handshakes in
+//! progress; when the table is full, the oldest handshake in progress
+//! makes room for a new one, and an established session never does (the
+//! new handshake is refused instead). Sessions idle past the idle timeout
 //! and handshakes older than the handshake timeout are dropped by
 //! [`DtlsServer::sweep`]. Every drop is counted in [`DtlsStats`].
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
-use openssl::sha::Sha256;
 use openssl::ssl::{Ssl, SslContext, SslContextBuilder, SslMethod, SslMode, SslOptions};
 use parking_lot::Mutex;
 
+use crate::cookie::CookieJar;
+use crate::hello::{self, ClientHello};
 use crate::session::{Progress, Session, SessionError};
 use crate::{base_context, load_certs, ssl_err, CertFiles, DtlsError, Psk};
 
@@ -43,6 +56,12 @@ pub struct ServerSettings {
     pub idle_timeout: Duration,
     /// A handshake not complete after this long is dropped.
     pub handshake_timeout: Duration,
+    /// Most handshakes in progress at once from one source (an IPv4
+    /// address, or an IPv6 /64); a further one is refused until one ends.
+    pub max_handshakes_per_source: usize,
+    /// How long a cookie secret is used before a new one is drawn; a
+    /// cookie stays valid for up to two periods.
+    pub cookie_period: Duration,
 }
 
 impl Default for ServerSettings {
@@ -55,9 +74,16 @@ impl Default for ServerSettings {
             max_sessions: 1024,
             idle_timeout: Duration::from_secs(300),
             handshake_timeout: crate::DEFAULT_HANDSHAKE_TIMEOUT,
+            max_handshakes_per_source: DEFAULT_HANDSHAKES_PER_SOURCE,
+            cookie_period: DEFAULT_COOKIE_PERIOD,
         }
     }
 }
+
+/// Default of [`ServerSettings::max_handshakes_per_source`].
+pub const DEFAULT_HANDSHAKES_PER_SOURCE: usize = 16;
+/// Default of [`ServerSettings::cookie_period`].
+pub const DEFAULT_COOKIE_PERIOD: Duration = Duration::from_secs(60);
 
 /// Counters of one coaps listener (all since start, except the gauges).
 #[derive(Default, Debug)]
@@ -72,13 +98,23 @@ pub struct DtlsStats {
     pub handshake_failures: AtomicU64,
     /// Handshakes dropped unfinished after the handshake timeout.
     pub handshake_timeouts: AtomicU64,
-    /// Sessions evicted because the table was full.
+    /// Handshakes in progress evicted because the table was full.
     pub evicted: AtomicU64,
+    /// HelloVerifyRequests sent (to hellos without a valid cookie).
+    pub hello_verify_requests: AtomicU64,
+    /// ClientHellos whose cookie was wrong or too old (answered with a
+    /// new HelloVerifyRequest).
+    pub bad_cookies: AtomicU64,
+    /// Handshakes refused although the cookie was valid: the source had
+    /// its most handshakes in progress, or the table was full of
+    /// established sessions.
+    pub handshakes_refused: AtomicU64,
     /// Established sessions dropped after the idle timeout.
     pub expired: AtomicU64,
     /// Sessions the peer closed (close_notify) or broke with an alert.
     pub closed: AtomicU64,
-    /// Datagrams that are not DTLS records (bad header).
+    /// Datagrams that are not DTLS records (bad header), and ClientHellos
+    /// the stateless parser refuses (fragmented, malformed).
     pub malformed: AtomicU64,
     /// Records from a peer without a session that are not a ClientHello.
     pub unauthenticated: AtomicU64,
@@ -125,8 +161,26 @@ impl DtlsStats {
             ),
             (
                 "sessions_evicted_total",
-                "DTLS sessions evicted because the table was full.",
+                "DTLS handshakes in progress evicted because the table was full.",
                 g(&self.evicted),
+                true,
+            ),
+            (
+                "hello_verify_requests_total",
+                "DTLS HelloVerifyRequests sent to ClientHellos without a valid cookie.",
+                g(&self.hello_verify_requests),
+                true,
+            ),
+            (
+                "bad_cookies_total",
+                "DTLS ClientHellos with a wrong or expired cookie.",
+                g(&self.bad_cookies),
+                true,
+            ),
+            (
+                "handshakes_refused_total",
+                "DTLS handshakes with a valid cookie refused (source limit, or table full of established sessions).",
+                g(&self.handshakes_refused),
                 true,
             ),
             (
@@ -143,7 +197,7 @@ impl DtlsStats {
             ),
             (
                 "malformed_total",
-                "Datagrams on the coaps port that are not DTLS records.",
+                "Datagrams on the coaps port that are not DTLS records (or not a ClientHello the server can read).",
                 g(&self.malformed),
                 true,
             ),
@@ -181,12 +235,69 @@ impl DtlsStats {
     }
 }
 
+/// Where handshakes are counted: an IPv4 address, or the /64 prefix of an
+/// IPv6 address (one host usually owns a whole /64). An IPv4-mapped IPv6
+/// address counts as its IPv4 address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// An IPv4 address.
+    V4([u8; 4]),
+    /// The first 64 bits of an IPv6 address.
+    V6([u8; 8]),
+}
+
+impl Source {
+    /// The source `peer` belongs to.
+    pub fn of(peer: SocketAddr) -> Source {
+        match peer.ip() {
+            IpAddr::V4(a) => Source::V4(a.octets()),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v4) => Source::V4(v4.octets()),
+                None => {
+                    let o = a.octets();
+                    let mut p = [0u8; 8];
+                    p.copy_from_slice(&o[..8]);
+                    Source::V6(p)
+                }
+            },
+        }
+    }
+}
+
 struct Slot {
     session: Mutex<Session>,
     created: Instant,
     /// Nanoseconds since the server's epoch of the last datagram.
     last: AtomicU64,
+    /// Set (under the table lock) when the handshake completes.
     established: AtomicBool,
+    /// The `random` of the ClientHello that opened it: the same hello
+    /// again is a retransmission, another one a new connection.
+    random: [u8; 32],
+    source: Source,
+}
+
+/// The sessions, and the handshakes in progress per source (only sources
+/// with at least one).
+#[derive(Default)]
+struct Table {
+    sessions: HashMap<SocketAddr, Arc<Slot>>,
+    handshaking: HashMap<Source, usize>,
+}
+
+impl Table {
+    fn handshakes_of(&self, source: Source) -> usize {
+        self.handshaking.get(&source).copied().unwrap_or(0)
+    }
+
+    fn handshake_ended(&mut self, source: Source) {
+        if let Some(n) = self.handshaking.get_mut(&source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.handshaking.remove(&source);
+            }
+        }
+    }
 }
 
 /// Receives each decrypted CoAP datagram and the session's identity.
@@ -207,18 +318,15 @@ pub enum Handled {
 pub struct DtlsServer {
     ctx: SslContext,
     settings: ServerSettings,
-    peer_index: Index<Ssl, SocketAddr>,
-    table: Mutex<HashMap<SocketAddr, Arc<Slot>>>,
+    /// Set on an SSL whose opening hello's cookie the server checked.
+    checked_index: Index<Ssl, bool>,
+    cookies: CookieJar,
+    table: Mutex<Table>,
     epoch: Instant,
     stats: Arc<DtlsStats>,
 }
 
-const COOKIE_LEN: usize = 16;
-const CONTENT_HANDSHAKE: u8 = 22;
 const CONTENT_APPLICATION: u8 = 23;
-const HANDSHAKE_CLIENT_HELLO: u8 = 1;
-/// DTLS record header: type, version, epoch, sequence number, length.
-const RECORD_HEADER: usize = 13;
 
 impl DtlsServer {
     /// Builds the OpenSSL context. Needs at least one PSK or a certificate.
@@ -232,11 +340,22 @@ impl DtlsServer {
         if settings.max_sessions == 0 {
             return Err(DtlsError::Config("max_sessions must be at least 1".into()));
         }
+        if settings.max_handshakes_per_source == 0 {
+            return Err(DtlsError::Config(
+                "max_handshakes_per_source must be at least 1".into(),
+            ));
+        }
         let mut b = SslContextBuilder::new(SslMethod::dtls())
             .map_err(ssl_err("creating the DTLS context"))?;
         base_context(&mut b)?;
         b.set_mode(SslMode::RELEASE_BUFFERS);
-        b.set_options(SslOptions::COOKIE_EXCHANGE | SslOptions::CIPHER_SERVER_PREFERENCE);
+        // No renegotiation: a session's only hello is the one whose cookie
+        // the server checked.
+        b.set_options(
+            SslOptions::COOKIE_EXCHANGE
+                | SslOptions::CIPHER_SERVER_PREFERENCE
+                | SslOptions::NO_RENEGOTIATION,
+        );
         load_certs(&mut b, &settings.certs, settings.require_client_cert)?;
         // A PSK handshake carries no client certificate, so OpenSSL's
         // FAIL_IF_NO_PEER_CERT does not stop it: where a client certificate
@@ -257,43 +376,25 @@ impl DtlsServer {
                 Ok(n)
             });
         }
-        let peer_index =
-            Ssl::new_ex_index::<SocketAddr>().map_err(ssl_err("allocating the peer index"))?;
-        let mut secret = [0u8; 32];
-        openssl::rand::rand_bytes(&mut secret).map_err(ssl_err("drawing the cookie secret"))?;
-        let cookie = move |peer: Option<&SocketAddr>| -> [u8; COOKIE_LEN] {
-            let mut h = Sha256::new();
-            h.update(&secret);
-            if let Some(p) = peer {
-                match p.ip() {
-                    std::net::IpAddr::V4(a) => h.update(&a.octets()),
-                    std::net::IpAddr::V6(a) => h.update(&a.octets()),
-                }
-                h.update(&p.port().to_be_bytes());
-            }
-            let d = h.finish();
-            let mut c = [0u8; COOKIE_LEN];
-            c.copy_from_slice(&d[..COOKIE_LEN]);
-            c
-        };
-        let verify = cookie;
-        b.set_cookie_generate_cb(move |ssl, buf| {
-            let c = cookie(ssl.ex_data(peer_index));
-            let n = COOKIE_LEN.min(buf.len());
-            buf[..n].copy_from_slice(&c[..n]);
-            Ok(n)
+        let checked_index =
+            Ssl::new_ex_index::<bool>().map_err(ssl_err("allocating the cookie index"))?;
+        // The cookie exchange is done before OpenSSL sees a hello (see the
+        // module documentation): OpenSSL is asked to approve only a cookie
+        // the server already checked, and never to make one.
+        b.set_cookie_generate_cb(|_ssl, _buf| Err(ErrorStack::get()));
+        b.set_cookie_verify_cb(move |ssl, _cookie| {
+            ssl.ex_data(checked_index).copied().unwrap_or(false)
         });
-        b.set_cookie_verify_cb(move |ssl, got| {
-            let want = verify(ssl.ex_data(peer_index));
-            // constant time: the cookie is a MAC
-            got.len() == COOKIE_LEN && openssl::memcmp::eq(got, &want)
-        });
+        let now = Instant::now();
+        let cookies = CookieJar::new(now, settings.cookie_period)
+            .map_err(ssl_err("drawing the cookie secret"))?;
         Ok(DtlsServer {
             ctx: b.build(),
             settings,
-            peer_index,
-            table: Mutex::new(HashMap::new()),
-            epoch: Instant::now(),
+            checked_index,
+            cookies,
+            table: Mutex::new(Table::default()),
+            epoch: now,
             stats: Arc::new(DtlsStats::default()),
         })
     }
@@ -310,7 +411,17 @@ impl DtlsServer {
 
     /// Sessions held now.
     pub fn sessions(&self) -> usize {
-        self.table.lock().len()
+        self.table.lock().sessions.len()
+    }
+
+    /// Handshakes in progress now from `source`.
+    pub fn handshakes_from(&self, source: Source) -> usize {
+        self.table.lock().handshakes_of(source)
+    }
+
+    /// Cookie secrets drawn since start, the first not counted.
+    pub fn cookie_rotations(&self) -> u64 {
+        self.cookies.rotations()
     }
 
     fn since_epoch(&self, t: Instant) -> u64 {
@@ -330,30 +441,201 @@ impl DtlsServer {
         send: &mut dyn FnMut(&[u8]),
     ) -> Handled {
         let s = &self.stats;
-        if datagram.len() < RECORD_HEADER
+        if datagram.len() < hello::RECORD_HEADER
             || !(20..=25).contains(&datagram[0])
             || datagram[1] != 0xfe
         {
             s.malformed.fetch_add(1, Relaxed);
             return Handled::Dropped;
         }
-        let existing = self.table.lock().get(&peer).cloned();
-        let slot = match existing {
-            Some(slot) => slot,
+        if hello::is_initial_client_hello(datagram) {
+            return self.client_hello(now, peer, datagram, buf, app, send);
+        }
+        let existing = self.table.lock().sessions.get(&peer).cloned();
+        match existing {
+            Some(slot) => self.feed(now, peer, &slot, datagram, buf, app, send),
             None => {
-                let hello = datagram[0] == CONTENT_HANDSHAKE
-                    && datagram[3..5] == [0, 0]
-                    && datagram.get(RECORD_HEADER) == Some(&HANDSHAKE_CLIENT_HELLO);
-                if !hello {
-                    s.unauthenticated.fetch_add(1, Relaxed);
-                    return Handled::Dropped;
-                }
-                match self.open(now, peer) {
-                    Some(slot) => slot,
-                    None => return Handled::Dropped,
-                }
+                s.unauthenticated.fetch_add(1, Relaxed);
+                Handled::Dropped
+            }
+        }
+    }
+
+    /// A ClientHello of epoch 0: answered statelessly unless its cookie is
+    /// valid; then it goes to its session, or opens one.
+    fn client_hello(
+        &self,
+        now: Instant,
+        peer: SocketAddr,
+        datagram: &[u8],
+        buf: &mut [u8],
+        app: &mut Deliver<'_>,
+        send: &mut dyn FnMut(&[u8]),
+    ) -> Handled {
+        let s = &self.stats;
+        let Ok(hello) = hello::parse_client_hello(datagram) else {
+            s.malformed.fetch_add(1, Relaxed);
+            return Handled::Dropped;
+        };
+        self.cookies.rotate_if_due(now);
+        if !self.cookies.verify(peer, &hello) {
+            if !hello.cookie.is_empty() {
+                s.bad_cookies.fetch_add(1, Relaxed);
+            }
+            self.hello_verify_request(peer, &hello, send);
+            return Handled::Handshake;
+        }
+        // The peer receives at its address: from here on it may cost state.
+        let existing = self.table.lock().sessions.get(&peer).cloned();
+        if let Some(slot) = existing {
+            if slot.random == *hello.random {
+                // the same hello again (our first flight was lost): the
+                // session retransmits when its timer runs out
+                return self.feed(now, peer, &slot, datagram, buf, app, send);
+            }
+            // a new connection from the same address and port (a client
+            // that restarted, RFC 6347 4.2.8): its cookie shows it is the
+            // peer, so the old session goes
+            if self.remove(peer, &slot) {
+                s.closed.fetch_add(1, Relaxed);
+            }
+        }
+        self.open(now, peer, &hello, datagram, send)
+    }
+
+    fn hello_verify_request(
+        &self,
+        peer: SocketAddr,
+        hello: &ClientHello<'_>,
+        send: &mut dyn FnMut(&[u8]),
+    ) {
+        let cookie = self.cookies.make(peer, hello);
+        let mut out = [0u8; hello::MAX_HELLO_VERIFY_REQUEST];
+        if let Some(n) = hello::write_hello_verify_request(hello, &cookie, &mut out) {
+            send(&out[..n]);
+            self.stats.hello_verify_requests.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Whether a handshake from `source` may start now; `evict` makes room
+    /// in a full table by dropping the oldest handshake in progress.
+    fn admit(&self, t: &mut Table, source: Source, evict: bool) -> bool {
+        if t.handshakes_of(source) >= self.settings.max_handshakes_per_source {
+            return false;
+        }
+        if t.sessions.len() < self.settings.max_sessions {
+            return true;
+        }
+        // full: the oldest handshake in progress may go, never an
+        // established session
+        let victim = t
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.established.load(Relaxed))
+            .min_by_key(|(_, s)| s.created)
+            .map(|(p, s)| (*p, s.source));
+        let Some((p, src)) = victim else {
+            return false;
+        };
+        if evict {
+            t.sessions.remove(&p);
+            t.handshake_ended(src);
+            self.stats.evicted.fetch_add(1, Relaxed);
+        }
+        true
+    }
+
+    /// Opens a session for `peer` with a hello whose cookie is valid.
+    fn open(
+        &self,
+        now: Instant,
+        peer: SocketAddr,
+        hello: &ClientHello<'_>,
+        datagram: &[u8],
+        send: &mut dyn FnMut(&[u8]),
+    ) -> Handled {
+        let source = Source::of(peer);
+        // a quick look first, so that a refused source costs no SSL object
+        if !self.admit(&mut self.table.lock(), source, false) {
+            self.stats.handshakes_refused.fetch_add(1, Relaxed);
+            return Handled::Dropped;
+        }
+        let mut ssl = match Ssl::new(&self.ctx) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot create a DTLS session");
+                return Handled::Dropped;
             }
         };
+        ssl.set_ex_data(self.checked_index, true);
+        ssl.set_accept_state();
+        let session = match Session::new(ssl, self.settings.mtu) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot create a DTLS session");
+                return Handled::Dropped;
+            }
+        };
+        let slot = Arc::new(Slot {
+            session: Mutex::new(session),
+            created: now,
+            last: AtomicU64::new(self.since_epoch(now)),
+            established: AtomicBool::new(false),
+            random: *hello.random,
+            source,
+        });
+        // the session is locked before it is in the table, so that the
+        // hello goes in before any later datagram of the peer
+        let mut sess = slot.session.lock();
+        {
+            let mut t = self.table.lock();
+            if !self.admit(&mut t, source, true) {
+                drop(t);
+                self.stats.handshakes_refused.fetch_add(1, Relaxed);
+                return Handled::Dropped;
+            }
+            if let Some(old) = t.sessions.insert(peer, slot.clone()) {
+                // another thread opened one meanwhile: this hello wins
+                if old.established.load(Relaxed) {
+                    self.stats.established.fetch_sub(1, Relaxed);
+                } else {
+                    t.handshake_ended(old.source);
+                }
+            }
+            *t.handshaking.entry(source).or_insert(0) += 1;
+            self.stats.sessions.store(t.sessions.len() as u64, Relaxed);
+        }
+        let r = sess.accept_hello(datagram);
+        sess.drain(send);
+        drop(sess);
+        match r {
+            Ok(Progress::Established) => {
+                self.mark_established(peer, &slot);
+                Handled::Handshake
+            }
+            Ok(_) => Handled::Handshake,
+            Err(e) => {
+                tracing::debug!(%peer, error = ?e, "DTLS handshake failed");
+                self.stats.handshake_failures.fetch_add(1, Relaxed);
+                self.remove(peer, &slot);
+                Handled::Handshake
+            }
+        }
+    }
+
+    /// Feeds a datagram to `peer`'s session.
+    #[allow(clippy::too_many_arguments)]
+    fn feed(
+        &self,
+        now: Instant,
+        peer: SocketAddr,
+        slot: &Arc<Slot>,
+        datagram: &[u8],
+        buf: &mut [u8],
+        app: &mut Deliver<'_>,
+        send: &mut dyn FnMut(&[u8]),
+    ) -> Handled {
+        let s = &self.stats;
         slot.last.store(self.since_epoch(now), Relaxed);
         let mut sess = slot.session.lock();
         let was = sess.is_established();
@@ -384,13 +666,19 @@ impl DtlsServer {
         s.decrypted.fetch_add(delivered, Relaxed);
         match r {
             Ok(Progress::Established) => {
-                slot.established.store(true, Relaxed);
-                s.handshakes.fetch_add(1, Relaxed);
-                s.established.fetch_add(1, Relaxed);
+                drop(sess);
+                self.mark_established(peer, slot);
                 Handled::Handshake
             }
             Ok(Progress::Handshaking) => Handled::Handshake,
-            Ok(Progress::Data(n)) => Handled::Data(n),
+            Ok(Progress::Data(n)) => {
+                if !was && sess.is_established() {
+                    // established by a datagram that also carried data
+                    drop(sess);
+                    self.mark_established(peer, slot);
+                }
+                Handled::Data(n)
+            }
             Ok(Progress::Nothing) => {
                 if was && datagram[0] == CONTENT_APPLICATION {
                     s.dropped_records.fetch_add(1, Relaxed);
@@ -405,7 +693,7 @@ impl DtlsServer {
                     tracing::debug!(%peer, error = ?e, "DTLS handshake failed");
                     s.handshake_failures.fetch_add(1, Relaxed);
                 }
-                self.remove(peer, &slot);
+                self.remove(peer, slot);
                 if matches!(e, SessionError::Closed) {
                     Handled::Dropped
                 } else {
@@ -415,66 +703,41 @@ impl DtlsServer {
         }
     }
 
-    /// Opens a session for `peer`, making room first.
-    fn open(&self, now: Instant, peer: SocketAddr) -> Option<Arc<Slot>> {
-        let mut ssl = match Ssl::new(&self.ctx) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot create a DTLS session");
-                return None;
-            }
-        };
-        ssl.set_ex_data(self.peer_index, peer);
-        ssl.set_accept_state();
-        let session = match Session::new(ssl, self.settings.mtu) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot create a DTLS session");
-                return None;
-            }
-        };
-        let slot = Arc::new(Slot {
-            session: Mutex::new(session),
-            created: now,
-            last: AtomicU64::new(self.since_epoch(now)),
-            established: AtomicBool::new(false),
-        });
+    /// The handshake of `slot` completed: counted, and it no longer counts
+    /// against its source (under the table lock, so that a concurrent
+    /// removal counts it exactly once).
+    fn mark_established(&self, peer: SocketAddr, slot: &Arc<Slot>) {
+        self.stats.handshakes.fetch_add(1, Relaxed);
         let mut t = self.table.lock();
-        while t.len() >= self.settings.max_sessions {
-            // the oldest handshake first, else the longest idle session
-            let victim = t
-                .iter()
-                .filter(|(_, s)| !s.established.load(Relaxed))
-                .min_by_key(|(_, s)| s.created)
-                .or_else(|| t.iter().min_by_key(|(_, s)| s.last.load(Relaxed)))
-                .map(|(p, s)| (*p, s.established.load(Relaxed)));
-            let Some((p, est)) = victim else { break };
-            t.remove(&p);
-            if est {
-                self.stats.established.fetch_sub(1, Relaxed);
-            }
-            self.stats.evicted.fetch_add(1, Relaxed);
+        let held = t.sessions.get(&peer).is_some_and(|s| Arc::ptr_eq(s, slot));
+        if held && !slot.established.swap(true, Relaxed) {
+            t.handshake_ended(slot.source);
+            self.stats.established.fetch_add(1, Relaxed);
         }
-        t.insert(peer, slot.clone());
-        self.stats.sessions.store(t.len() as u64, Relaxed);
-        Some(slot)
     }
 
-    fn remove(&self, peer: SocketAddr, slot: &Arc<Slot>) {
+    /// Drops `slot` if it is still `peer`'s session; true if it was
+    /// established.
+    fn remove(&self, peer: SocketAddr, slot: &Arc<Slot>) -> bool {
         let mut t = self.table.lock();
-        if t.get(&peer).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-            t.remove(&peer);
+        let mut was = false;
+        if t.sessions.get(&peer).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            t.sessions.remove(&peer);
             if slot.established.load(Relaxed) {
                 self.stats.established.fetch_sub(1, Relaxed);
+                was = true;
+            } else {
+                t.handshake_ended(slot.source);
             }
         }
-        self.stats.sessions.store(t.len() as u64, Relaxed);
+        self.stats.sessions.store(t.sessions.len() as u64, Relaxed);
+        was
     }
 
     /// Encrypts one CoAP datagram for `peer`; the record goes to `send`.
     /// False (and counted) when the peer has no established session.
     pub fn send(&self, peer: SocketAddr, plaintext: &[u8], send: &mut dyn FnMut(&[u8])) -> bool {
-        let Some(slot) = self.table.lock().get(&peer).cloned() else {
+        let Some(slot) = self.table.lock().sessions.get(&peer).cloned() else {
             self.stats.no_session.fetch_add(1, Relaxed);
             return false;
         };
@@ -493,18 +756,21 @@ impl DtlsServer {
 
     /// The identity of `peer`'s established session, if any.
     pub fn identity(&self, peer: SocketAddr) -> Option<Arc<str>> {
-        let slot = self.table.lock().get(&peer).cloned()?;
+        let slot = self.table.lock().sessions.get(&peer).cloned()?;
         let s = slot.session.lock();
         s.identity().cloned()
     }
 
-    /// Periodic upkeep: retransmits handshake flights whose timer ran out,
-    /// drops handshakes past the handshake timeout and sessions idle past
-    /// the idle timeout (with close_notify). Call every 100 ms or so.
+    /// Periodic upkeep: draws a new cookie secret when its period is over,
+    /// retransmits handshake flights whose timer ran out, drops handshakes
+    /// past the handshake timeout and sessions idle past the idle timeout
+    /// (with close_notify). Call every 100 ms or so.
     pub fn sweep(&self, now: Instant, send: &mut dyn FnMut(SocketAddr, &[u8])) {
+        self.cookies.rotate_if_due(now);
         let slots: Vec<(SocketAddr, Arc<Slot>)> = self
             .table
             .lock()
+            .sessions
             .iter()
             .map(|(p, s)| (*p, s.clone()))
             .collect();

@@ -153,6 +153,44 @@ impl Session {
         self.identity = id.map(Arc::from);
     }
 
+    /// Server side: starts the handshake with a second ClientHello whose
+    /// cookie was already checked (see [`crate::server`]). OpenSSL's
+    /// `DTLSv1_listen` reads it (the context's cookie callback approves the
+    /// cookie), which sets the handshake and record sequence numbers as
+    /// after its own HelloVerifyRequest (RFC 6347 4.2.1: the ServerHello
+    /// is message 1 and repeats the hello's record sequence number); the
+    /// handshake then goes on from that hello.
+    pub fn accept_hello(&mut self, hello: &[u8]) -> Result<Progress, SessionError> {
+        {
+            let io = self.stream.get_mut();
+            io.inbox.clear();
+            io.inbox.extend_from_slice(hello);
+            io.has_in = true;
+        }
+        // SAFETY: BIO_ADDR_new returns an owned address or null; it is
+        // freed below whatever DTLSv1_listen returned, and the SSL is a
+        // valid server-side object owned by the stream.
+        let r = unsafe {
+            let addr = BIO_ADDR_new();
+            if addr.is_null() {
+                -1
+            } else {
+                let r = DTLSv1_listen(self.stream.ssl().as_ptr(), addr);
+                BIO_ADDR_free(addr);
+                r
+            }
+        };
+        self.stream.get_mut().has_in = false;
+        if r != 1 {
+            // leave no error behind for the next session on this thread
+            let stack = openssl::error::ErrorStack::get();
+            return Err(SessionError::Fatal(format!(
+                "the ClientHello was not taken ({r}): {stack}"
+            )));
+        }
+        self.handshake()
+    }
+
     /// Feeds one received datagram. Application data goes to `app` one
     /// plaintext (one CoAP message) at a time, read into `buf`.
     pub fn feed(
@@ -250,6 +288,14 @@ impl Session {
 }
 
 use foreign_types::ForeignTypeRef as _;
+
+// Not in openssl-sys: DTLSv1_listen and the BIO_ADDR it fills (OpenSSL
+// 1.1.0 and later; libssl and libcrypto are linked by openssl-sys).
+extern "C" {
+    fn DTLSv1_listen(s: *mut openssl_sys::SSL, client: *mut libc::c_void) -> libc::c_int;
+    fn BIO_ADDR_new() -> *mut libc::c_void;
+    fn BIO_ADDR_free(a: *mut libc::c_void);
+}
 
 fn fatal(e: &openssl::ssl::Error) -> SessionError {
     let text = match e.ssl_error() {

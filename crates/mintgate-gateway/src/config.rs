@@ -1354,6 +1354,16 @@ bearer_tokens = ["s3cret-bearer"]
             "{coaps}psk_identity = \"x\"\npsk_key = \"{long}\""
         ));
         assert!(e.contains("coaps.psk_key:"), "{e}");
+        // the per-source handshake cap: at least 1, at most the table
+        for n in ["0", "2000"] {
+            let e = err(&format!(
+                "{coaps}psk_identity = \"x\"\npsk_key = \"k\"\nmax_handshakes_per_source = {n}"
+            ));
+            assert!(
+                e.contains("coaps.max_handshakes_per_source") && e.contains("1..=max_sessions"),
+                "{e}"
+            );
+        }
         // writes by DTLS identity with no coaps listener: none could pass
         let e = err("[access]\nwrite = \"dtls\"\n");
         assert!(

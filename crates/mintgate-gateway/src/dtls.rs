@@ -49,6 +49,9 @@ pub struct CoapsSection {
     pub idle_timeout_s: u64,
     /// Seconds a handshake may take.
     pub handshake_timeout_s: u64,
+    /// Most handshakes in progress at once from one source (IPv4 address
+    /// or IPv6 /64).
+    pub max_handshakes_per_source: usize,
 }
 
 impl Default for CoapsSection {
@@ -66,6 +69,7 @@ impl Default for CoapsSection {
             max_sessions: 1024,
             idle_timeout_s: 300,
             handshake_timeout_s: 10,
+            max_handshakes_per_source: mintgate_dtls::server::DEFAULT_HANDSHAKES_PER_SOURCE,
         }
     }
 }
@@ -146,6 +150,15 @@ impl CoapsSection {
                 format!("{} is outside 1..=1048576", self.max_sessions),
             ));
         }
+        if !(1..=self.max_sessions).contains(&self.max_handshakes_per_source) {
+            return Err(v(
+                "coaps.max_handshakes_per_source",
+                format!(
+                    "{} is outside 1..=max_sessions ({})",
+                    self.max_handshakes_per_source, self.max_sessions
+                ),
+            ));
+        }
         if self.idle_timeout_s == 0 || self.handshake_timeout_s == 0 {
             return Err(v(
                 "coaps.idle_timeout_s",
@@ -164,6 +177,8 @@ impl CoapsSection {
             max_sessions: self.max_sessions,
             idle_timeout: Duration::from_secs(self.idle_timeout_s),
             handshake_timeout: Duration::from_secs(self.handshake_timeout_s),
+            max_handshakes_per_source: self.max_handshakes_per_source,
+            cookie_period: mintgate_dtls::server::DEFAULT_COOKIE_PERIOD,
         })
     }
 }
