@@ -1454,6 +1454,33 @@ accept = "json"
         for (toml, key, why) in [
             ("[mqtt]\nbroker = \"http://x\"", "mqtt.broker", "bad broker URL"),
             ("[mqtt]\nbroker = \"ws://x\"", "mqtt.broker", "websockets"),
+            ("[mqtt]\nca_file = \"ca.pem\"", "mqtt.broker", "embedded broker takes no TLS"),
+            (
+                "[mqtt]\nbroker = \"mqtt://h\"\nca_file = \"/nonexistent/ca.pem\"",
+                "mqtt.broker",
+                "needs TLS (mqtts://",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtts://h\"\nca_file = \"/nonexistent/ca.pem\"",
+                "mqtt.broker",
+                "CA file /nonexistent/ca.pem",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtts://h\"\nusername = \"u\"\npassword_file = \"/nonexistent/pw\"",
+                "mqtt.password_file",
+                "password file /nonexistent/pw",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtt://h\"\nusername = \"u\"\npassword_env = \"MG_UNSET_PASSWORD_VAR\"",
+                "mqtt.password_env",
+                "MG_UNSET_PASSWORD_VAR",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtt://h\"\npassword_env = \"PATH\"",
+                "mqtt.broker",
+                "a password needs a user name",
+            ),
+            ("[mqtt]\nstatus_topic = \"gw/#\"", "mqtt.status_topic", "may not contain"),
             ("[mqtt]\nqos = 0", "mqtt.qos", "not 1 or 2"),
             ("[mqtt]\nwindow = 0", "mqtt.window", "1..=1024"),
             ("[mqtt]\nbacklog = 0", "mqtt.backlog", "outside"),
