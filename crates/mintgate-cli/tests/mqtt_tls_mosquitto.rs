@@ -4,8 +4,9 @@
 //!
 //! - `mintgate publish` / `mintgate subscribe` over TLS with a password
 //!   (from a file and from the environment), 1..=N in order;
-//! - a wrong password, a wrong CA and a host name the certificate does not
-//!   carry: each a clear error, and the queue keeps its messages;
+//! - a wrong password, a wrong CA, an expired certificate and a host name the
+//!   certificate does not carry: each a clear error, and the queue keeps its
+//!   messages;
 //! - a topic the ACL forbids (refused in the PUBACK over MQTT 5, dropped by
 //!   the broker over 3.1.1);
 //! - mutual TLS: a client certificate as the identity, and no certificate;
@@ -63,7 +64,8 @@ fn mosquitto_bin() -> Option<PathBuf> {
 /// The files of a test PKI: a CA, a server certificate for `localhost`
 /// only (so that 127.0.0.1 is a name it does not carry), a client
 /// certificate whose common name is `gw-cert`, an unrelated CA, and a CA
-/// with the real one's name but another key.
+/// with the real one's name but another key, and an expired server
+/// certificate.
 struct Pki {
     ca: PathBuf,
     server_cert: PathBuf,
@@ -72,6 +74,8 @@ struct Pki {
     client_key: PathBuf,
     other_ca: PathBuf,
     impostor_ca: PathBuf,
+    expired_cert: PathBuf,
+    expired_key: PathBuf,
 }
 
 fn make_pki(dir: &Path) -> Pki {
@@ -99,6 +103,12 @@ fn make_pki(dir: &Path) -> Pki {
         (cert.pem(), key.serialize_pem())
     };
     let (server_pem, server_key) = leaf(vec!["localhost".into()], "localhost");
+    // the same, valid only in 2020
+    let expired_key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let expired_pem = p.signed_by(&expired_key, &ca).unwrap().pem();
     let (client_pem, client_key) = leaf(Vec::new(), "gw-cert");
     let write = |name: &str, text: &str| {
         let p = dir.join(name);
@@ -113,6 +123,8 @@ fn make_pki(dir: &Path) -> Pki {
         client_key: write("client.key", &client_key),
         other_ca: write("other-ca.pem", &other.pem()),
         impostor_ca: write("impostor-ca.pem", &impostor.pem()),
+        expired_cert: write("expired.pem", &expired_pem),
+        expired_key: write("expired.key", &expired_key.serialize_pem()),
     }
 }
 
@@ -483,6 +495,30 @@ fn tls_with_client_certificate() {
     });
     let e = half.check().unwrap_err();
     assert!(e.contains("needs its key"), "{e}");
+}
+
+#[test]
+fn expired_broker_certificate_is_said() {
+    let Some(bin) = mosquitto_bin() else { return };
+    let dir = tmp("mqtt-tls-expired");
+    let pki = make_pki(&dir);
+    let extra = format!(
+        "cafile {}\ncertfile {}\nkeyfile {}\n",
+        pki.ca.display(),
+        pki.expired_cert.display(),
+        pki.expired_key.display()
+    );
+    let broker = Mosquitto::start_with(&bin, &dir.join("broker"), &extra).expect("mosquitto");
+    let url = url_for(&broker, "localhost", false).with_security(Security {
+        ca_file: Some(pki.ca.clone()),
+        ..Security::default()
+    });
+    let p = Publisher::start(PublisherConfig::new(url)).unwrap();
+    p.enqueue("t/x", "kept").unwrap();
+    let st = first_failure(&p);
+    let e = st.last_error.clone().unwrap_or_default();
+    assert!(e.contains("certificate has expired"), "{e}");
+    assert_eq!((st.connected, st.unacked), (false, 1));
 }
 
 #[test]
