@@ -373,9 +373,6 @@ fn tls_with_password_publish_subscribe_and_refusals() {
         "the password is not in the error: {e}"
     );
     assert_eq!((st.connected, st.unacked), (false, 1));
-    // retried slowly: at least a second between refused attempts
-    std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(p.status().connects, 0);
     drop(p);
 
     // a wrong CA, and a host name the certificate does not carry
