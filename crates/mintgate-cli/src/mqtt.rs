@@ -16,7 +16,8 @@ use mintgate_mqtt::broker::EmbeddedBroker;
 use mintgate_mqtt::publisher::Status;
 use mintgate_mqtt::reorder::ReorderConfig;
 use mintgate_mqtt::{
-    BrokerUrl, Publisher, PublisherConfig, Qos, SubEvent, Subscriber, SubscriberConfig,
+    BrokerUrl, Publisher, PublisherConfig, Qos, Secret, Security, SubEvent, Subscriber,
+    SubscriberConfig,
 };
 
 const DEFAULT_BROKER: &str = "mqtt://127.0.0.1:1883";
@@ -40,6 +41,57 @@ fn parse_sub_qos(s: &str) -> Result<Qos, String> {
         .ok_or_else(|| format!("`{s}`: QoS must be 0, 1 or 2"))
 }
 
+/// How `publish` and `subscribe` authenticate to the broker.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct BrokerAuthArgs {
+    /// PEM file of the CA that signed the broker's certificate (mqtts://;
+    /// default: the system's roots).
+    #[arg(long, value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// PEM file of our client certificate (mutual TLS; needs --key-file).
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(long, value_name = "FILE", requires = "cert_file")]
+    key_file: Option<PathBuf>,
+    /// User name of the CONNECT.
+    #[arg(long)]
+    username: Option<String>,
+    /// File whose first line is the password (never given on the command
+    /// line itself).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "username",
+        conflicts_with = "password_env"
+    )]
+    password_file: Option<PathBuf>,
+    /// Environment variable holding the password.
+    #[arg(long, value_name = "VAR", requires = "username")]
+    password_env: Option<String>,
+}
+
+impl BrokerAuthArgs {
+    /// `url` with these credentials, checked (files read, TLS set up).
+    pub fn apply(&self, url: BrokerUrl) -> anyhow::Result<BrokerUrl> {
+        let password = match (&self.password_file, &self.password_env) {
+            (Some(f), _) => Some(Secret::from_file(f).map_err(anyhow::Error::msg)?),
+            (None, Some(v)) => Some(Secret::from_env(v).map_err(anyhow::Error::msg)?),
+            (None, None) => None,
+        };
+        let url = url.with_security(Security {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            username: self.username.clone(),
+            password,
+        });
+        url.check()
+            .map_err(|e| anyhow::anyhow!("broker {url}: {e}"))?;
+        Ok(url)
+    }
+}
+
 /// Arguments of `mintgate publish`.
 #[derive(clap::Args)]
 #[command(after_help = "Publishes messages 1..=N, each a JSON envelope \
@@ -50,9 +102,12 @@ DIR and arguments, it resumes where it stopped and completes 1..=N, in order.\n\
 Example: mintgate broker &  mintgate subscribe --topic t --count 100 &  \
 mintgate publish --topic t --count 100 --state /tmp/q")]
 pub struct PublishArgs {
-    /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1) or mqtt5://HOST[:PORT] (MQTT 5).
+    /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1), mqtt5://HOST[:PORT] (MQTT 5),
+    /// mqtts://HOST[:PORT] or mqtts5://HOST[:PORT] (the same over TLS, port 8883).
     #[arg(long, default_value = DEFAULT_BROKER)]
     broker: BrokerUrl,
+    #[command(flatten)]
+    auth: BrokerAuthArgs,
     /// Topic to publish to.
     #[arg(long)]
     topic: String,
@@ -95,9 +150,12 @@ of a missing one is held until the gap fills, for at most --gap-timeout. A strea
 wherever it is when the subscriber joins (see --first-seq)."
 )]
 pub struct SubscribeArgs {
-    /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1) or mqtt5://HOST[:PORT] (MQTT 5).
+    /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1), mqtt5://HOST[:PORT] (MQTT 5),
+    /// mqtts://HOST[:PORT] or mqtts5://HOST[:PORT] (the same over TLS, port 8883).
     #[arg(long, default_value = DEFAULT_BROKER)]
     broker: BrokerUrl,
+    #[command(flatten)]
+    auth: BrokerAuthArgs,
     /// Topic filter to subscribe to.
     #[arg(long)]
     topic: String,
@@ -169,6 +227,8 @@ pub fn run_publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
     if let Some(r) = a.rate {
         anyhow::ensure!(r > 0.0 && r.is_finite(), "--rate must be positive");
     }
+    let mut a = a;
+    a.broker = a.auth.apply(a.broker.clone())?;
     let mut cfg = PublisherConfig::new(a.broker.clone());
     cfg.qos = a.qos;
     cfg.window = a.window;
@@ -332,6 +392,8 @@ fn summary(a: &PublishArgs, st: &Status, took: Duration, first_new: u64, complet
 
 /// Runs `mintgate subscribe`.
 pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
+    let mut a = a;
+    a.broker = a.auth.apply(a.broker.clone())?;
     let mut cfg = SubscriberConfig::new(a.broker.clone(), a.topic.clone());
     cfg.qos = a.qos;
     cfg.client_id = a.client_id.clone();

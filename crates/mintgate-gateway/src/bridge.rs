@@ -510,6 +510,7 @@ impl MqttBridge {
         pc.qos = qos;
         pc.window = cfg.window;
         pc.state = cfg.persist.then(|| cfg.state.clone());
+        pc.status_topic = cfg.status_topic();
         let publisher = Arc::new(Publisher::start(pc)?);
         let status = publisher.status();
         if status.resumed > 0 {

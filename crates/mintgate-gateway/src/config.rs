@@ -114,6 +114,29 @@ pub struct MqttSection {
     pub command: Vec<MqttCommand>,
     /// Observed CoAP resources -> topic entries (`[[mqtt.observe]]`).
     pub observe: Vec<MqttObserve>,
+    /// PEM file of the CA the broker's certificate must chain to
+    /// (`mqtts://`; empty: the system's roots).
+    pub ca_file: std::path::PathBuf,
+    /// PEM file of the gateway's client certificate (mutual TLS; with
+    /// `key_file`).
+    pub cert_file: std::path::PathBuf,
+    /// PEM file of the client certificate's private key.
+    pub key_file: std::path::PathBuf,
+    /// User name of the CONNECT (empty: none).
+    pub username: String,
+    /// File whose first line is the password (the password itself is never
+    /// a config key, so never printed).
+    pub password_file: std::path::PathBuf,
+    /// Environment variable holding the password (if no `password_file`).
+    pub password_env: String,
+    /// Status topic: a retained `status_online` on every connection, a
+    /// retained `status_offline` as the last will and on an orderly stop
+    /// (empty: none).
+    pub status_topic: String,
+    /// Payload of the status topic while connected.
+    pub status_online: String,
+    /// Payload of the status topic once gone.
+    pub status_offline: String,
 }
 
 impl Default for MqttSection {
@@ -133,6 +156,15 @@ impl Default for MqttSection {
             publish: Vec::new(),
             command: Vec::new(),
             observe: Vec::new(),
+            ca_file: Default::default(),
+            cert_file: Default::default(),
+            key_file: Default::default(),
+            username: String::new(),
+            password_file: Default::default(),
+            password_env: String::new(),
+            status_topic: String::new(),
+            status_online: "online".into(),
+            status_offline: "offline".into(),
         }
     }
 }
@@ -177,11 +209,38 @@ pub struct MqttObserve {
 
 impl MqttSection {
     /// The broker URL to connect to (`None` for `"embedded"`).
+    ///
+    /// The URL carries the TLS and credential keys; the password file or
+    /// variable is read here.
     pub fn broker_url(&self) -> Result<Option<mintgate_mqtt::BrokerUrl>, String> {
         if self.broker == "embedded" {
             return Ok(None);
         }
-        self.broker.parse().map(Some)
+        let url: mintgate_mqtt::BrokerUrl = self.broker.parse()?;
+        let path = |p: &std::path::PathBuf| (!p.as_os_str().is_empty()).then(|| p.clone());
+        let password = if let Some(f) = path(&self.password_file) {
+            Some(mintgate_mqtt::Secret::from_file(&f)?)
+        } else if !self.password_env.is_empty() {
+            Some(mintgate_mqtt::Secret::from_env(&self.password_env)?)
+        } else {
+            None
+        };
+        Ok(Some(url.with_security(mintgate_mqtt::Security {
+            ca_file: path(&self.ca_file),
+            cert_file: path(&self.cert_file),
+            key_file: path(&self.key_file),
+            username: (!self.username.is_empty()).then(|| self.username.clone()),
+            password,
+        })))
+    }
+
+    /// The status topic's settings (`None` without `status_topic`).
+    pub fn status_topic(&self) -> Option<mintgate_mqtt::StatusTopic> {
+        (!self.status_topic.is_empty()).then(|| mintgate_mqtt::StatusTopic {
+            topic: self.status_topic.clone(),
+            online: self.status_online.clone().into_bytes(),
+            offline: self.status_offline.clone().into_bytes(),
+        })
     }
 
     /// Checks every key; `devices` are the configured devices (a publish or
@@ -189,8 +248,53 @@ impl MqttSection {
     pub fn validate(&self, devices: &[mintgate_devices::DeviceSpec]) -> Result<(), ConfigError> {
         use mintgate_devices::DeviceKind;
         let v = |key, why: String| Err(ConfigError::Value { key, why });
-        if let Err(e) = self.broker_url() {
-            return v("mqtt.broker", format!("{e} (or \"embedded\")"));
+        let security_set = [
+            &self.ca_file,
+            &self.cert_file,
+            &self.key_file,
+            &self.password_file,
+        ]
+        .iter()
+        .any(|p| !p.as_os_str().is_empty())
+            || !self.username.is_empty()
+            || !self.password_env.is_empty();
+        match self.broker_url() {
+            Err(e) if self.broker.parse::<mintgate_mqtt::BrokerUrl>().is_err() => {
+                return v("mqtt.broker", format!("{e} (or \"embedded\")"));
+            }
+            Err(e) => {
+                let key = if !self.password_file.as_os_str().is_empty() {
+                    "mqtt.password_file"
+                } else {
+                    "mqtt.password_env"
+                };
+                return v(key, e);
+            }
+            Ok(None) if security_set => {
+                return v(
+                    "mqtt.broker",
+                    "the embedded broker takes no TLS or credential keys (ca_file, cert_file, \
+                     key_file, username, password_file, password_env)"
+                        .into(),
+                );
+            }
+            Ok(None) => {}
+            Ok(Some(url)) => {
+                if !self.password_file.as_os_str().is_empty() && !self.password_env.is_empty() {
+                    return v(
+                        "mqtt.password_env",
+                        "give password_file or password_env, not both".into(),
+                    );
+                }
+                if let Err(e) = url.check() {
+                    return v("mqtt.broker", format!("{}: {e}", self.broker));
+                }
+            }
+        }
+        if !self.status_topic.is_empty() {
+            if let Err(e) = mintgate_mqtt::conn::check_topic(&self.status_topic) {
+                return v("mqtt.status_topic", e);
+            }
         }
         if !(1..=2).contains(&self.qos) {
             return v("mqtt.qos", format!("{} is not 1 or 2", self.qos));
@@ -1489,7 +1593,34 @@ accept = "json"
     fn mqtt_errors_name_the_key() {
         for (toml, key, why) in [
             ("[mqtt]\nbroker = \"http://x\"", "mqtt.broker", "bad broker URL"),
-            ("[mqtt]\nbroker = \"mqtts://x\"", "mqtt.broker", "TLS"),
+            ("[mqtt]\nbroker = \"ws://x\"", "mqtt.broker", "websockets"),
+            ("[mqtt]\nca_file = \"ca.pem\"", "mqtt.broker", "embedded broker takes no TLS"),
+            (
+                "[mqtt]\nbroker = \"mqtt://h\"\nca_file = \"/nonexistent/ca.pem\"",
+                "mqtt.broker",
+                "needs TLS (mqtts://",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtts://h\"\nca_file = \"/nonexistent/ca.pem\"",
+                "mqtt.broker",
+                "CA file /nonexistent/ca.pem",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtts://h\"\nusername = \"u\"\npassword_file = \"/nonexistent/pw\"",
+                "mqtt.password_file",
+                "password file /nonexistent/pw",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtt://h\"\nusername = \"u\"\npassword_env = \"MG_UNSET_PASSWORD_VAR\"",
+                "mqtt.password_env",
+                "MG_UNSET_PASSWORD_VAR",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtt://h\"\npassword_env = \"PATH\"",
+                "mqtt.broker",
+                "a password needs a user name",
+            ),
+            ("[mqtt]\nstatus_topic = \"gw/#\"", "mqtt.status_topic", "may not contain"),
             ("[mqtt]\nqos = 0", "mqtt.qos", "not 1 or 2"),
             ("[mqtt]\nwindow = 0", "mqtt.window", "1..=1024"),
             ("[mqtt]\nbacklog = 0", "mqtt.backlog", "outside"),

@@ -22,6 +22,12 @@
 //!   checking them. Information beside ours (not in the verdicts): what the
 //!   paper's ratio is on this machine with the paper's client.
 //!
+//! With the private mosquitto, the same mosquitto also listens over TLS
+//! (`mosq-tls`: a CA and a server certificate made for the run, rustls on
+//! our side) and `pubqueue_qos1_wN` is run there too: its rate over TLS
+//! against plain TCP to the same broker in the same session (target: at
+//! least 80 %, 0 missing, 0 out of order).
+//!
 //! Every message goes in the same JSON envelope (`pub`, `seq`, `ts`, `msg`
 //! with the 26-byte body). A subscriber on the same broker, connected before
 //! the run starts, checks every message: `missing` counts sequence numbers
@@ -236,9 +242,14 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
         Some(url) => brokers.push(("external".into(), url.clone())),
         None => match find_mosquitto() {
             Some(bin) => {
-                let m = Mosquitto::start(&bin, &work.join("mosquitto"))
+                // The same mosquitto also listens over TLS (a CA and a
+                // certificate made for the run): the windowed queue is
+                // measured there too, against the plain listener.
+                let (tls_extra, tls_url) = tls_listener(&work.join("pki"))?;
+                let m = Mosquitto::start_with(&bin, &work.join("mosquitto"), &tls_extra)
                     .with_context(|| format!("starting {}", bin.display()))?;
                 brokers.push(("mosquitto".into(), m.url()));
+                brokers.push((TLS_BROKER.into(), tls_url));
                 _mosquitto = Some(m);
             }
             None => notes.push(
@@ -297,13 +308,16 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
             .join(", ")
     ));
     let mut rows = Vec::new();
-    // Runs take turns over the methods (run 1 of each, then run 2 of
-    // each, ...): on a shared machine whose speed drifts, every method then
-    // samples the same stretches of time, and the ratios compare like with
-    // like.
-    for ((bname, url), paho) in brokers.iter().zip(pahos.iter_mut()) {
-        for run in 1..=runs {
+    // Runs take turns over the brokers and methods (run 1 of each, then
+    // run 2 of each, ...): on a shared machine whose speed drifts, every
+    // method then samples the same stretches of time, and the ratios (TLS
+    // against TCP too) compare like with like.
+    for run in 1..=runs {
+        for ((bname, url), paho) in brokers.iter().zip(pahos.iter_mut()) {
             for &m in &methods {
+                if url.tls && m != Method::PubQueueWindow(window) {
+                    continue; // over TLS only the windowed queue, against plain TCP
+                }
                 let row = match (m.paho(), paho.as_mut()) {
                     (None, _) => run_one(bname, url, m, run, n, &work),
                     (Some(pm), Some(p)) => paho_run(p, bname, m, pm, run, n),
@@ -353,6 +367,49 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
     })
 }
 
+/// The name of the TLS listener of the lab's mosquitto in the tables.
+const TLS_BROKER: &str = "mosq-tls";
+
+/// A CA and a server certificate for 127.0.0.1 written to `dir`: the
+/// config lines of a TLS listener on a free loopback port for mosquitto,
+/// and the URL that reaches it, trusting that CA.
+fn tls_listener(dir: &Path) -> anyhow::Result<(String, BrokerUrl)> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "mintgate lab CA");
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
+    let key = KeyPair::generate()?;
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])?.signed_by(&key, &ca)?;
+    let (ca_file, cert_file, key_file) = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    );
+    crate::write_file(&ca_file, &ca.pem())?;
+    crate::write_file(&cert_file, &cert.pem())?;
+    crate::write_file(&key_file, &key.serialize_pem())?;
+    let port = mintgate_mqtt::broker::free_port([127, 0, 0, 1].into())?;
+    let extra = format!(
+        "listener {port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n",
+        ca_file.display(),
+        cert_file.display(),
+        key_file.display()
+    );
+    let url: BrokerUrl = format!("mqtts://127.0.0.1:{port}")
+        .parse()
+        .map_err(anyhow::Error::msg)?;
+    Ok((
+        extra,
+        url.with_security(mintgate_mqtt::Security {
+            ca_file: Some(ca_file),
+            ..Default::default()
+        }),
+    ))
+}
+
 /// A TCP delay relay in front of the broker at `url`, and the URL that
 /// reaches the broker through it.
 fn link(url: &BrokerUrl, delay: Duration) -> anyhow::Result<(TcpRelay, BrokerUrl)> {
@@ -372,7 +429,9 @@ fn link(url: &BrokerUrl, delay: Duration) -> anyhow::Result<(TcpRelay, BrokerUrl
         up: delay,
         down: delay,
     })?;
-    let via = BrokerUrl::from_addr(relay.local_addr()).with_version(url.version);
+    let mut via = BrokerUrl::from_addr(relay.local_addr()).with_version(url.version);
+    via.tls = url.tls;
+    via.security = url.security.clone();
     Ok((relay, via))
 }
 
@@ -406,6 +465,9 @@ fn paho_peers(
     brokers
         .iter()
         .map(|(b, url)| {
+            if url.tls {
+                return None; // the windowed queue only, not Paho
+            }
             let mut p = match crate::paho::PahoPeer::start(&jar, url, mode.persistence()) {
                 Ok(p) => p,
                 Err(why) => {
@@ -737,7 +799,7 @@ fn table(
     );
     let mut met = true;
     let mut verdicts = Vec::new();
-    for (b, _) in brokers {
+    for (b, url) in brokers {
         for m in methods {
             let a = aggregate(rows, b, &m.name());
             if a.runs == 0 {
@@ -766,6 +828,25 @@ fn table(
                     }
                 ),
             );
+        }
+        if url.tls {
+            // the windowed queue over TLS against the same mosquitto's
+            // plain listener, in the same run
+            let tls = aggregate(rows, b, &Method::PubQueueWindow(window).name());
+            let tcp = aggregate(rows, "mosquitto", &Method::PubQueueWindow(window).name());
+            let ratio = tcp.median / tls.median;
+            let ok =
+                ratio >= 0.8 && tls.missing == 0 && tls.ooo == 0 && tls.failed == 0 && tls.runs > 0;
+            met &= ok;
+            verdicts.push(format!(
+                "{b}: window {window} over TLS: {:.0} msg/s, plain TCP to the same mosquitto: \
+                 {:.0} msg/s, TLS / TCP = {:.0} % (target >= 80 %, 0 missing, 0 out of order: {})",
+                n as f64 / tls.median,
+                n as f64 / tcp.median,
+                ratio * 100.0,
+                if ok { "met" } else { "NOT met" },
+            ));
+            continue;
         }
         let pq = aggregate(rows, b, &Method::PubQueue.name());
         let q2 = aggregate(rows, b, &Method::Qos2.name());

@@ -46,6 +46,7 @@ pub struct PahoPeer {
 /// Paho's URI for a broker: `tcp://HOST:PORT`. Paho's v3 client speaks
 /// MQTT 3.1.1 only, so an `mqtt5://` broker gets an error.
 pub fn paho_uri(url: &BrokerUrl) -> anyhow::Result<String> {
+    anyhow::ensure!(!url.tls, "Paho is not measured over TLS here ({url})");
     anyhow::ensure!(
         url.version == Version::V311,
         "Paho's client here speaks MQTT 3.1.1 (mqtt://), not {url}"

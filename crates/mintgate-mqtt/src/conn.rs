@@ -13,6 +13,8 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -27,16 +29,27 @@ pub enum Version {
 }
 
 /// A broker address: `mqtt://HOST[:PORT]` (MQTT 3.1.1) or
-/// `mqtt5://HOST[:PORT]` (MQTT 5); `tcp://` is accepted for `mqtt://`. The
-/// port defaults to 1883.
+/// `mqtt5://HOST[:PORT]` (MQTT 5), `mqtts://` and `mqtts5://` for the same
+/// over TLS; `tcp://` is accepted for `mqtt://` and `ssl://` for `mqtts://`.
+/// The port defaults to 1883, 8883 over TLS.
+///
+/// It also carries how to authenticate to that broker ([`Security`]: CA,
+/// client certificate, user name and password), which the URL text never
+/// holds: every client made from it (publish queue, subscriber, listener)
+/// uses the same credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BrokerUrl {
-    /// Host name or address (IPv6 without brackets).
+    /// Host name or address (IPv6 without brackets). Over TLS this is the
+    /// name the broker's certificate must carry.
     pub host: String,
     /// TCP port.
     pub port: u16,
     /// Protocol version.
     pub version: Version,
+    /// TLS (`mqtts://`, `mqtts5://`).
+    pub tls: bool,
+    /// Credentials and trust; not part of the URL's text.
+    pub security: Security,
 }
 
 impl BrokerUrl {
@@ -46,6 +59,8 @@ impl BrokerUrl {
             host: addr.ip().to_string(),
             port: addr.port(),
             version: Version::V311,
+            tls: false,
+            security: Security::default(),
         }
     }
 
@@ -54,13 +69,305 @@ impl BrokerUrl {
         self.version = v;
         self
     }
+
+    /// The same broker with these credentials.
+    pub fn with_security(mut self, s: Security) -> BrokerUrl {
+        self.security = s;
+        self
+    }
+
+    /// Checks that the security settings fit the URL and can be used now:
+    /// the files are read and the TLS configuration built, so that a
+    /// missing or malformed file is said before the first connection.
+    pub fn check(&self) -> Result<(), String> {
+        let s = &self.security;
+        if !self.tls && s.tls_requested() {
+            return Err(format!(
+                "{self}: a CA file or client certificate needs TLS (mqtts:// or mqtts5://)"
+            ));
+        }
+        if s.password.is_some() && s.username.is_none() {
+            return Err("a password needs a user name".into());
+        }
+        if let Some(u) = &s.username {
+            if u.len() > 65_535 {
+                return Err("the user name is longer than 65535 bytes".into());
+            }
+        }
+        if self.tls {
+            s.tls_config()?;
+        }
+        Ok(())
+    }
+}
+
+/// A password: never printed (`Debug` shows `***`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `s`.
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// Reads a password file: its first line, without the line end. An empty
+    /// or unreadable file is an error.
+    pub fn from_file(path: &std::path::Path) -> Result<Secret, String> {
+        use std::io::Read as _;
+        let f = std::fs::File::open(path)
+            .map_err(|e| format!("password file {}: {e}", path.display()))?;
+        let mut text = String::new();
+        // A password is short: read at most 64 KiB of whatever the file is.
+        f.take(65_536)
+            .read_to_string(&mut text)
+            .map_err(|e| format!("password file {}: {e}", path.display()))?;
+        let line = text.lines().next().unwrap_or("");
+        if line.is_empty() {
+            return Err(format!(
+                "password file {}: the first line is empty",
+                path.display()
+            ));
+        }
+        Ok(Secret(line.to_owned()))
+    }
+
+    /// Reads a password from the environment variable `var`.
+    pub fn from_env(var: &str) -> Result<Secret, String> {
+        match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Ok(Secret(v)),
+            Ok(_) => Err(format!("environment variable {var} is empty")),
+            Err(e) => Err(format!("environment variable {var}: {e}")),
+        }
+    }
+
+    /// The password itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// How a client proves who it is to the broker and checks who the broker is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Security {
+    /// PEM file of the CA certificate(s) the broker's certificate must chain
+    /// to; `None`: the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// PEM file of our certificate chain (mutual TLS).
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM file of the private key of `cert_file`.
+    pub key_file: Option<std::path::PathBuf>,
+    /// User name of the CONNECT.
+    pub username: Option<String>,
+    /// Password of the CONNECT.
+    pub password: Option<Secret>,
+}
+
+impl Security {
+    fn tls_requested(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+
+    /// Builds the TLS client configuration: reads the CA (or the system's
+    /// roots) and the client certificate and key. Errors name the file.
+    pub fn tls_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        use rustls_pki_types::pem::PemObject as _;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca_file {
+            Some(path) => {
+                let certs = read_pem_certs(path, "CA file")?;
+                for c in certs {
+                    roots
+                        .add(c)
+                        .map_err(|e| format!("CA file {}: {e}", path.display()))?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                for c in found.certs {
+                    // Some system stores hold certificates webpki cannot
+                    // parse; the others still count.
+                    let _ = roots.add(c);
+                }
+                if roots.is_empty() {
+                    return Err(format!(
+                        "no system root certificates could be loaded{}; give a CA file",
+                        found
+                            .errors
+                            .first()
+                            .map(|e| format!(" ({e})"))
+                            .unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots);
+        let config = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                let chain: Vec<CertificateDer<'static>> =
+                    read_pem_certs(cert, "client certificate file")?;
+                let bytes = read_bounded(key, "client key file")?;
+                let k = PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| {
+                    format!(
+                        "client key file {}: no private key in it ({e})",
+                        key.display()
+                    )
+                })?;
+                builder.with_client_auth_cert(chain, k).map_err(|e| {
+                    format!(
+                        "client certificate {} and key {}: {e}",
+                        cert.display(),
+                        key.display()
+                    )
+                })?
+            }
+            (None, None) => builder.with_no_client_auth(),
+            _ => {
+                return Err("a client certificate needs its key, and a key its certificate".into())
+            }
+        };
+        Ok(Arc::new(config))
+    }
+}
+
+/// Reads a PEM or key file of at most 1 MiB.
+fn read_bounded(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    f.take((1 << 20) + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if bytes.len() > 1 << 20 {
+        return Err(format!("{what} {}: larger than 1 MiB", path.display()));
+    }
+    Ok(bytes)
+}
+
+fn read_pem_certs(
+    path: &std::path::Path,
+    what: &str,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+    use rustls_pki_types::pem::PemObject as _;
+    let bytes = read_bounded(path, what)?;
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{what} {}: no PEM certificate in it",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// Says what a failed connection attempt means, in words a user can act on:
+/// which side of TLS failed and why, or which CONNACK refusal.
+fn describe_v4(e: &rumqttc::ConnectionError) -> (String, bool) {
+    use rumqttc::{ConnectReturnCode as C, ConnectionError as E};
+    match e {
+        E::ConnectionRefused(code) => {
+            let why = match code {
+                C::BadUserNamePassword => "bad user name or password",
+                C::NotAuthorized => "not authorised",
+                C::RefusedProtocolVersion => "protocol version not accepted",
+                C::BadClientId => "client id rejected",
+                C::ServiceUnavailable => "service unavailable",
+                C::Success => "success?",
+            };
+            (
+                format!("the broker refused the connection (CONNACK): {why}"),
+                true,
+            )
+        }
+        other => (describe_other(other), false),
+    }
+}
+
+fn describe_v5(e: &rumqttc::v5::ConnectionError) -> (String, bool) {
+    use rumqttc::v5::ConnectionError as E;
+    match e {
+        E::ConnectionRefused(code) => (
+            format!("the broker refused the connection (CONNACK): {code:?}"),
+            true,
+        ),
+        other => (describe_other(other), false),
+    }
+}
+
+/// A TLS failure anywhere in `e`'s chain of causes in words, or `e` as it
+/// says itself. tokio-rustls carries rustls' errors inside I/O errors, and
+/// an alert can come after our side of the handshake is done (over TLS 1.3
+/// a server that wants a client certificate says so then), wrapped again in
+/// rumqttc's state errors.
+fn describe_other(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(r) = err.downcast_ref::<rustls::Error>() {
+            return describe_rustls_error(r);
+        }
+        if let Some(r) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return describe_rustls_error(r);
+        }
+        if let Some(rumqttc::TlsError::DNSName(_)) = err.downcast_ref::<rumqttc::TlsError>() {
+            return format!("TLS: the host is not a valid server name ({e})");
+        }
+        cur = err.source();
+    }
+    e.to_string()
+}
+
+fn describe_rustls_error(r: &rustls::Error) -> String {
+    use rustls::{AlertDescription as A, CertificateError as CE, Error as R};
+    match r {
+        R::InvalidCertificate(CE::UnknownIssuer | CE::BadSignature) => {
+            "TLS: the broker's certificate is not signed by a trusted CA (wrong CA file?)".into()
+        }
+        R::InvalidCertificate(CE::NotValidForName)
+        | R::InvalidCertificate(CE::NotValidForNameContext { .. }) => {
+            "TLS: the broker's certificate is not valid for the host name in the broker URL".into()
+        }
+        R::InvalidCertificate(CE::Expired) | R::InvalidCertificate(CE::ExpiredContext { .. }) => {
+            "TLS: the broker's certificate has expired".into()
+        }
+        R::InvalidCertificate(CE::NotValidYet)
+        | R::InvalidCertificate(CE::NotValidYetContext { .. }) => {
+            "TLS: the broker's certificate is not valid yet (check the clock)".into()
+        }
+        R::AlertReceived(A::CertificateRequired) => {
+            "TLS: the broker requires a client certificate".into()
+        }
+        R::AlertReceived(a @ (A::BadCertificate | A::UnknownCA | A::CertificateUnknown)) => {
+            format!("TLS: the broker refused our client certificate ({a:?})")
+        }
+        R::AlertReceived(a) => format!("TLS: the broker refused the handshake ({a:?})"),
+        other => format!("TLS handshake: {other}"),
+    }
 }
 
 impl fmt::Display for BrokerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = match self.version {
-            Version::V311 => "mqtt",
-            Version::V5 => "mqtt5",
+        let scheme = match (self.version, self.tls) {
+            (Version::V311, false) => "mqtt",
+            (Version::V5, false) => "mqtt5",
+            (Version::V311, true) => "mqtts",
+            (Version::V5, true) => "mqtts5",
         };
         if self.host.contains(':') {
             write!(f, "{scheme}://[{}]:{}", self.host, self.port)
@@ -73,17 +380,19 @@ impl fmt::Display for BrokerUrl {
 impl FromStr for BrokerUrl {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad =
-            || format!("bad broker URL {s:?}: expected mqtt://HOST[:PORT] or mqtt5://HOST[:PORT]");
+        let bad = || {
+            format!(
+                "bad broker URL {s:?}: expected mqtt://HOST[:PORT], mqtt5://HOST[:PORT], \
+                 mqtts://HOST[:PORT] or mqtts5://HOST[:PORT]"
+            )
+        };
         let (scheme, rest) = s.split_once("://").ok_or_else(bad)?;
-        let version = match scheme.to_ascii_lowercase().as_str() {
-            "mqtt" | "tcp" => Version::V311,
-            "mqtt5" => Version::V5,
-            "mqtts" | "ssl" | "ws" | "wss" => {
-                return Err(format!(
-                    "broker URL {s:?}: TLS and websockets are not supported"
-                ))
-            }
+        let (version, tls) = match scheme.to_ascii_lowercase().as_str() {
+            "mqtt" | "tcp" => (Version::V311, false),
+            "mqtt5" => (Version::V5, false),
+            "mqtts" | "ssl" => (Version::V311, true),
+            "mqtts5" => (Version::V5, true),
+            "ws" | "wss" => return Err(format!("broker URL {s:?}: websockets are not supported")),
             _ => return Err(bad()),
         };
         let rest = rest.trim_end_matches('/');
@@ -120,6 +429,7 @@ impl FromStr for BrokerUrl {
             (h.to_owned(), port)
         };
         let port = match port {
+            None if tls => 8883,
             None => 1883,
             Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(bad)?,
         };
@@ -127,6 +437,8 @@ impl FromStr for BrokerUrl {
             host,
             port,
             version,
+            tls,
+            security: Security::default(),
         })
     }
 }
@@ -135,6 +447,29 @@ impl FromStr for BrokerUrl {
 fn is_host_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')
 }
+
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// After a refused CONNECT (credentials, authorisation) the next attempt
+/// waits at least this long, doubling up to [`REFUSED_BACKOFF_MAX`]: a
+/// broker that said no will likely say it again until someone acts.
+const REFUSED_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const REFUSED_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Back-off between connection attempts, from [`BACKOFF_MIN`] doubling:
+/// given the current back-off and whether the attempt ended in a refused
+/// CONNECT, the wait before the next attempt and the back-off after it.
+pub(crate) fn next_backoff(backoff: Duration, refused: bool) -> (Duration, Duration) {
+    if refused {
+        let wait = backoff.max(REFUSED_BACKOFF_MIN);
+        (wait, (wait * 2).min(REFUSED_BACKOFF_MAX))
+    } else {
+        (backoff, (backoff * 2).min(BACKOFF_MAX))
+    }
+}
+
+/// The first back-off, and the one after a successful connection.
+pub(crate) const FIRST_BACKOFF: Duration = BACKOFF_MIN;
 
 /// Quality of service of a publish or subscription.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,6 +536,22 @@ pub struct ConnOptions {
     /// ends the connection (and a persistent session gets it again on the
     /// next), so the default is generous.
     pub max_packet: usize,
+    /// The last will the broker publishes when the connection ends
+    /// without a DISCONNECT.
+    pub will: Option<Will>,
+}
+
+/// A last will: what the broker publishes for us when we vanish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Will {
+    /// Its topic.
+    pub topic: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// Its QoS.
+    pub qos: Qos,
+    /// Whether the broker keeps it as the topic's retained message.
+    pub retain: bool,
 }
 
 /// [`ConnOptions::max_packet`]'s default: 16 MiB.
@@ -215,6 +566,7 @@ impl ConnOptions {
             keep_alive: Duration::from_secs(5),
             inflight: 1,
             max_packet: DEFAULT_MAX_PACKET,
+            will: None,
         }
     }
 }
@@ -256,6 +608,7 @@ pub struct Conn {
     client: Client,
     events: mpsc::UnboundedReceiver<Result<LinkEvent, String>>,
     task: tokio::task::JoinHandle<()>,
+    refused: Arc<AtomicBool>,
 }
 
 impl Drop for Conn {
@@ -264,12 +617,36 @@ impl Drop for Conn {
     }
 }
 
+/// The TLS transport for `url`, or the reason it cannot be built.
+fn transport(url: &BrokerUrl) -> Result<rumqttc::Transport, String> {
+    if !url.tls {
+        return Ok(rumqttc::Transport::Tcp);
+    }
+    let config = url.security.tls_config()?;
+    Ok(rumqttc::Transport::tls_with_config(
+        rumqttc::TlsConfiguration::Rustls(config),
+    ))
+}
+
 impl Conn {
     /// Starts connecting to `url` (must be called inside a tokio runtime).
     /// The first event is `Connected` or an error.
     pub fn start(url: &BrokerUrl, o: &ConnOptions) -> Conn {
         let (tx, events) = mpsc::unbounded_channel();
         let cap = o.inflight as usize + 16;
+        let refused = Arc::new(AtomicBool::new(false));
+        let flag = refused.clone();
+        // A TLS configuration that cannot be built (a CA file gone since the
+        // start) fails this attempt like a connection error would.
+        let (transport, setup_error) = match transport(url) {
+            Ok(t) => (t, None),
+            Err(e) => (rumqttc::Transport::Tcp, Some(e)),
+        };
+        let creds = url
+            .security
+            .username
+            .as_ref()
+            .map(|u| (u.clone(), url.security.password.clone()));
         match url.version {
             Version::V311 => {
                 let mut mo = rumqttc::MqttOptions::new(&o.client_id, &url.host, url.port);
@@ -277,7 +654,19 @@ impl Conn {
                     .set_clean_session(o.clean_session)
                     .set_inflight(o.inflight.max(1))
                     .set_max_packet_size(o.max_packet, o.max_packet)
-                    .set_request_channel_capacity(cap);
+                    .set_request_channel_capacity(cap)
+                    .set_transport(transport);
+                if let Some((u, p)) = creds {
+                    mo.set_credentials(u, p.as_ref().map_or("", Secret::expose));
+                }
+                if let Some(w) = &o.will {
+                    mo.set_last_will(rumqttc::LastWill::new(
+                        &w.topic,
+                        w.payload.clone(),
+                        w.qos.v4(),
+                        w.retain,
+                    ));
+                }
                 let (client, mut el) = rumqttc::AsyncClient::new(mo, cap);
                 // One small packet per round trip: no Nagle delays. (rumqttc's
                 // MQTT 5 client has no such option.)
@@ -285,14 +674,19 @@ impl Conn {
                 net.set_tcp_nodelay(true);
                 el.set_network_options(net);
                 let task = tokio::spawn(async move {
+                    if let Some(e) = setup_error {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
                     loop {
                         let ev = el.poll().await;
                         let stop = ev.is_err();
-                        if tx
-                            .send(ev.map(v4_event).map_err(|e| e.to_string()))
-                            .is_err()
-                            || stop
-                        {
+                        let ev = ev.map(v4_event).map_err(|e| {
+                            let (msg, refused) = describe_v4(&e);
+                            flag.store(refused, Ordering::Relaxed);
+                            msg
+                        });
+                        if tx.send(ev).is_err() || stop {
                             return;
                         }
                     }
@@ -301,6 +695,7 @@ impl Conn {
                     client: Client::V4(client),
                     events,
                     task,
+                    refused,
                 }
             }
             Version::V5 => {
@@ -309,21 +704,39 @@ impl Conn {
                     .set_clean_start(o.clean_session)
                     .set_max_packet_size(Some(o.max_packet as u32))
                     .set_outgoing_inflight_upper_limit(o.inflight.max(1))
-                    .set_request_channel_capacity(cap);
+                    .set_request_channel_capacity(cap)
+                    .set_transport(transport);
+                if let Some((u, p)) = creds {
+                    mo.set_credentials(u, p.as_ref().map_or("", Secret::expose));
+                }
+                if let Some(w) = &o.will {
+                    mo.set_last_will(rumqttc::v5::mqttbytes::v5::LastWill::new(
+                        &w.topic,
+                        w.payload.clone(),
+                        w.qos.v5(),
+                        w.retain,
+                        None,
+                    ));
+                }
                 if !o.clean_session {
                     // Keep the session for a day after a disconnect.
                     mo.set_session_expiry_interval(Some(86_400));
                 }
                 let (client, mut el) = rumqttc::v5::AsyncClient::new(mo, cap);
                 let task = tokio::spawn(async move {
+                    if let Some(e) = setup_error {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
                     loop {
                         let ev = el.poll().await;
                         let stop = ev.is_err();
-                        if tx
-                            .send(ev.map(v5_event).map_err(|e| e.to_string()))
-                            .is_err()
-                            || stop
-                        {
+                        let ev = ev.map(v5_event).map_err(|e| {
+                            let (msg, refused) = describe_v5(&e);
+                            flag.store(refused, Ordering::Relaxed);
+                            msg
+                        });
+                        if tx.send(ev).is_err() || stop {
                             return;
                         }
                     }
@@ -332,9 +745,16 @@ impl Conn {
                     client: Client::V5(client),
                     events,
                     task,
+                    refused,
                 }
             }
         }
+    }
+
+    /// Whether the connection ended because the broker refused the CONNECT
+    /// (bad credentials, not authorised): worth retrying only slowly.
+    pub fn refused(&self) -> bool {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// The next event; `Err` ends the connection (also when the poll task
@@ -353,12 +773,23 @@ impl Conn {
 
     /// Queues a PUBLISH without waiting.
     pub fn publish(&self, topic: &str, qos: Qos, payload: Vec<u8>) -> Result<(), String> {
+        self.publish_retained(topic, qos, false, payload)
+    }
+
+    /// Queues a PUBLISH, retained or not, without waiting.
+    pub fn publish_retained(
+        &self,
+        topic: &str,
+        qos: Qos,
+        retain: bool,
+        payload: Vec<u8>,
+    ) -> Result<(), String> {
         match &self.client {
             Client::V4(c) => c
-                .try_publish(topic, qos.v4(), false, payload)
+                .try_publish(topic, qos.v4(), retain, payload)
                 .map_err(|e| e.to_string()),
             Client::V5(c) => c
-                .try_publish(topic, qos.v5(), false, payload)
+                .try_publish(topic, qos.v5(), retain, payload)
                 .map_err(|e| e.to_string()),
         }
     }
@@ -523,7 +954,8 @@ mod tests {
             "mqtt://h:99999",
             "mqtt://h/x",
             "mqtt://::1:5",
-            "mqtts://h",
+            "ws://h",
+            "wss://h:443",
             // found by fuzzing (config_toml): a bracketed host that is not
             // an IPv6 address printed back without its brackets
             "mqtt://[[\0\u{7f}\0-\u{4}(\0]",
@@ -538,6 +970,64 @@ mod tests {
         assert!(e.contains("[x] is not an IPv6 address"), "{e}");
         let u: BrokerUrl = "mqtt://broker_1.example-net.org".parse().unwrap();
         assert_eq!(u.host, "broker_1.example-net.org");
+        let u: BrokerUrl = "mqtts://broker.lan".parse().unwrap();
+        assert_eq!((u.port, u.tls, u.version), (8883, true, Version::V311));
+        assert_eq!(u.to_string(), "mqtts://broker.lan:8883");
+        let u: BrokerUrl = "mqtts5://[::1]:9000".parse().unwrap();
+        assert_eq!((u.port, u.tls, u.version), (9000, true, Version::V5));
+        assert_eq!(u.to_string(), "mqtts5://[::1]:9000");
+        let u: BrokerUrl = "ssl://h".parse().unwrap();
+        assert_eq!(u.to_string(), "mqtts://h:8883");
+    }
+
+    #[test]
+    fn security_is_checked_before_connecting() {
+        let plain: BrokerUrl = "mqtt://h".parse().unwrap();
+        let with_ca = plain.clone().with_security(Security {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..Security::default()
+        });
+        let e = with_ca.check().unwrap_err();
+        assert!(e.contains("needs TLS"), "{e}");
+        let tls: BrokerUrl = "mqtts://h".parse().unwrap();
+        let e = tls
+            .clone()
+            .with_security(Security {
+                ca_file: Some("/nonexistent/ca.pem".into()),
+                ..Security::default()
+            })
+            .check()
+            .unwrap_err();
+        assert!(e.contains("CA file /nonexistent/ca.pem"), "{e}");
+        let e = plain
+            .with_security(Security {
+                password: Some(Secret::new("pw")),
+                ..Security::default()
+            })
+            .check()
+            .unwrap_err();
+        assert!(e.contains("needs a user name"), "{e}");
+        // a file that holds no certificate
+        let dir = std::env::temp_dir().join(format!("mg-conn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("empty.pem");
+        std::fs::write(&f, "not a certificate\n").unwrap();
+        let e = tls
+            .with_security(Security {
+                ca_file: Some(f.clone()),
+                ..Security::default()
+            })
+            .check()
+            .unwrap_err();
+        assert!(e.contains("no PEM certificate"), "{e}");
+        let pw = dir.join("pw");
+        std::fs::write(&pw, "s3cret\nignored\n").unwrap();
+        let s = Secret::from_file(&pw).unwrap();
+        assert_eq!(s.expose(), "s3cret");
+        assert_eq!(format!("{s:?}"), "***", "never printed");
+        std::fs::write(&pw, "\n").unwrap();
+        assert!(Secret::from_file(&pw).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

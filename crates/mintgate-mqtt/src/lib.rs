@@ -32,10 +32,10 @@ pub mod reorder;
 pub mod store;
 pub mod subscriber;
 
-pub use conn::{BrokerUrl, Qos, Version};
+pub use conn::{BrokerUrl, Qos, Secret, Security, Version, Will};
 pub use listener::{Listener, ListenerConfig, ListenerControl};
 pub use payload::{decode, Envelope};
-pub use publisher::{Publisher, PublisherConfig};
+pub use publisher::{Publisher, PublisherConfig, StatusTopic};
 pub use queue::PubQueue;
 pub use reorder::{Reorder, ReorderConfig};
 pub use subscriber::{SubEvent, Subscriber, SubscriberConfig};

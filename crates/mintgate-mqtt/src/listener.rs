@@ -163,15 +163,19 @@ impl Listener {
                 Err(e) => Some(e),
             };
             if let Some(e) = failure {
-                if connected {
+                let refused = conn.as_ref().is_some_and(Conn::refused);
+                if refused {
+                    tracing::warn!(broker = %cfg.broker, "MQTT listener: {e}; retrying");
+                } else if connected {
                     tracing::warn!(broker = %cfg.broker, "MQTT listener: {e}; reconnecting");
                 } else {
                     tracing::debug!(broker = %cfg.broker, "MQTT listener: {e}");
                 }
                 conn = None;
                 connected = false;
-                retry_at = tokio::time::Instant::now() + backoff;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                let (wait, next) = crate::conn::next_backoff(backoff, refused);
+                retry_at = tokio::time::Instant::now() + wait;
+                backoff = next;
                 sh.update(|s| {
                     s.subscribed = false;
                     s.last_error = Some(e);

@@ -52,7 +52,24 @@ pub struct PublisherConfig {
     pub client_id: Option<String>,
     /// How often acknowledgements are made durable in the store.
     pub ack_flush: Duration,
+    /// The gateway's status topic: a retained `online` on every connection,
+    /// a retained `offline` as the last will and on an orderly stop.
+    pub status_topic: Option<StatusTopic>,
 }
+
+/// A status topic and its two payloads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusTopic {
+    /// The topic.
+    pub topic: String,
+    /// Published (retained, QoS 1) on every connection.
+    pub online: Vec<u8>,
+    /// The last will (retained, QoS 1), and published on an orderly stop.
+    pub offline: Vec<u8>,
+}
+
+/// The queue id under which a status message travels (never a message's).
+const STATUS_ID: u64 = u64::MAX;
 
 impl PublisherConfig {
     /// QoS 1, window 1, in memory.
@@ -65,6 +82,7 @@ impl PublisherConfig {
             publisher_id: None,
             client_id: None,
             ack_flush: Duration::from_millis(100),
+            status_topic: None,
         }
     }
 }
@@ -155,6 +173,11 @@ impl Publisher {
                 cfg.window
             )));
         }
+        if let Some(st) = &cfg.status_topic {
+            check_topic(&st.topic)
+                .map_err(|e| PublishError::Invalid(format!("status topic: {e}")))?;
+        }
+        cfg.broker.check().map_err(PublishError::Invalid)?;
         let store: Box<dyn Store> = match &cfg.state {
             Some(dir) => Box::new(RedbStore::open(dir, cfg.publisher_id.as_deref())?),
             None => Box::new(MemStore::new(
@@ -212,6 +235,7 @@ impl Publisher {
                     staged: Vec::new(),
                     staged_replies: Vec::new(),
                     appending: None,
+                    announce: false,
                 };
                 rt.block_on(d.run(rx));
                 let mut st = lock(&sh.status);
@@ -368,6 +392,8 @@ struct Driver {
     /// The durable write running on the blocking pool: its job, the last id
     /// it covers and the callers it answers.
     appending: Option<Appending>,
+    /// The status topic's `online` is due on this connection.
+    announce: bool,
 }
 
 type EnqueueReply = oneshot::Sender<Result<RangeInclusive<u64>, PublishError>>;
@@ -385,8 +411,7 @@ async fn appended(a: &mut Option<Appending>) -> Result<(), crate::store::StoreEr
     }
 }
 
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
+use crate::conn::next_backoff;
 
 impl Driver {
     async fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
@@ -397,12 +422,19 @@ impl Driver {
                     .clone()
                     .unwrap_or_else(|| self.queue.publisher().to_owned()),
             );
-            o.inflight = self.cfg.window as u16;
+            // The status message may be in flight beside a full window.
+            o.inflight = self.cfg.window as u16 + u16::from(self.cfg.status_topic.is_some());
+            o.will = self.cfg.status_topic.as_ref().map(|st| crate::conn::Will {
+                topic: st.topic.clone(),
+                payload: st.offline.clone(),
+                qos: Qos::AtLeastOnce,
+                retain: true,
+            });
             o
         };
         let mut conn: Option<Conn> = None;
         let mut retry_at = tokio::time::Instant::now();
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = crate::conn::FIRST_BACKOFF;
         let mut flush = tokio::time::interval(self.cfg.ack_flush.max(Duration::from_millis(1)));
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut closing: Option<(tokio::time::Instant, oneshot::Sender<()>)> = None;
@@ -414,9 +446,10 @@ impl Driver {
             }
             if let (Some(c), true) = (&conn, self.connected) {
                 if let Err(e) = self.pump(c) {
-                    self.lost(&mut conn, e);
-                    retry_at = tokio::time::Instant::now() + backoff;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    let refused = self.lost(&mut conn, e);
+                    let (wait, next) = next_backoff(backoff, refused);
+                    retry_at = tokio::time::Instant::now() + wait;
+                    backoff = next;
                     continue;
                 }
             }
@@ -473,13 +506,14 @@ impl Driver {
                         match e.and_then(|e| self.on_event(e)) {
                             Ok(()) => {
                                 if self.connected {
-                                    backoff = BACKOFF_MIN;
+                                    backoff = crate::conn::FIRST_BACKOFF;
                                 }
                             }
                             Err(e) => {
-                                self.lost(&mut conn, e);
-                                retry_at = tokio::time::Instant::now() + backoff;
-                                backoff = (backoff * 2).min(BACKOFF_MAX);
+                                let refused = self.lost(&mut conn, e);
+                                let (wait, next) = next_backoff(backoff, refused);
+                                retry_at = tokio::time::Instant::now() + wait;
+                                backoff = next;
                                 break;
                             }
                         }
@@ -544,6 +578,15 @@ impl Driver {
         }
         if let Some(c) = &conn {
             if self.connected {
+                // An orderly stop says so itself: the will is only for a
+                // connection that ends without DISCONNECT.
+                if let Some(st) = &self.cfg.status_topic {
+                    if let Err(e) =
+                        c.publish_retained(&st.topic, Qos::AtLeastOnce, true, st.offline.clone())
+                    {
+                        tracing::warn!("publish queue: status `offline` not sent: {e}");
+                    }
+                }
                 c.disconnect();
                 // Give the DISCONNECT a moment to leave.
                 let _ = tokio::time::timeout(Duration::from_millis(200), async {
@@ -652,6 +695,13 @@ impl Driver {
 
     /// Hands every message the window allows to rumqttc.
     fn pump(&mut self, c: &Conn) -> Result<(), String> {
+        if self.announce {
+            self.announce = false;
+            if let Some(st) = &self.cfg.status_topic {
+                c.publish_retained(&st.topic, Qos::AtLeastOnce, true, st.online.clone())?;
+                self.handed.push_back(STATUS_ID);
+            }
+        }
         while let Some(m) = self.queue.poll_transmit() {
             c.publish(&m.topic, self.cfg.qos, m.payload)?;
             self.handed.push_back(m.id);
@@ -664,6 +714,7 @@ impl Driver {
             LinkEvent::Connected { .. } => {
                 self.connected = true;
                 self.connects += 1;
+                self.announce = self.cfg.status_topic.is_some();
                 if let Some((since, Some(_))) = self.failing.take() {
                     tracing::info!(
                         "publish queue: connected to {} after {:.0?} of failed attempts",
@@ -693,6 +744,12 @@ impl Driver {
                     .position(|&(p, _)| p == pkid)
                     .ok_or_else(|| format!("ack for unknown packet id {pkid}"))?;
                 let (_, id) = self.pkids.swap_remove(i);
+                if id == STATUS_ID {
+                    if let Err(reason) = result {
+                        tracing::warn!("publish queue: the broker refused the status: {reason}");
+                    }
+                    return Ok(());
+                }
                 if let Err(reason) = result {
                     // The broker refused it: send it again on a new connection.
                     return Err(format!("broker refused message {id}: {reason}"));
@@ -706,8 +763,19 @@ impl Driver {
         Ok(())
     }
 
-    fn lost(&mut self, conn: &mut Option<Conn>, e: String) {
-        if self.connected {
+    /// The connection ended with `e`; true when the broker refused the
+    /// CONNECT.
+    fn lost(&mut self, conn: &mut Option<Conn>, e: String) -> bool {
+        let refused = conn.as_ref().is_some_and(Conn::refused);
+        if refused {
+            // Said every time, but attempts are at least a second apart and
+            // slow down to one every 30 s.
+            tracing::warn!(
+                "publish queue: {} refused the connection: {e}; retrying, {} message(s) waiting",
+                self.cfg.broker,
+                self.queue.len()
+            );
+        } else if self.connected {
             tracing::warn!("publish queue: connection to {} lost: {e}", self.cfg.broker);
         } else {
             // Attempts that keep failing are said as a warning once they have
@@ -735,6 +803,7 @@ impl Driver {
         self.handed.clear();
         self.queue.on_disconnect();
         self.last_error = Some(e);
+        refused
     }
 
     /// Updates the shared status; wakes waiters when something they may wait

@@ -290,9 +290,11 @@ impl SubState<'_> {
     /// Drops the connection; the next attempt after the back-off (at least
     /// `min_wait`).
     fn lose(&mut self, conn: &mut Option<Conn>, e: String, min_wait: Duration) {
+        let refused = conn.as_ref().is_some_and(Conn::refused);
         *conn = None;
-        self.retry_at = tokio::time::Instant::now() + self.backoff.max(min_wait);
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
+        let (wait, next) = crate::conn::next_backoff(self.backoff, refused);
+        self.retry_at = tokio::time::Instant::now() + wait.max(min_wait);
+        self.backoff = next;
         if std::mem::take(&mut self.connected) || !min_wait.is_zero() {
             self.out.push(SubEvent::Disconnected(e));
         } else {
