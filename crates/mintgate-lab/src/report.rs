@@ -225,6 +225,9 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
                     broker: None,
                     runs: None,
                     messages: None,
+                    // the ratio target is judged over a modelled link (1 ms
+                    // each way); bare loopback is run beside it
+                    link_delay: Duration::from_millis(1),
                     ..crate::MqttLabOptions::default()
                 })
             }),
