@@ -673,7 +673,7 @@ fn table(
                 .map(|(_, _, w)| *w);
             checks.push(Check {
                 what: format!(
-                    "calibration {loss}% {}: {:.1} vs the paper's {paper_total:.1} ms ({dev:+.1}%, within {CALIBRATION_TOLERANCE_PCT:.0}%){}",
+                    "calibration {loss}% {}: {:.1} vs the paper's {paper_total:.1} ms ({dev:+.1}%; target: within {CALIBRATION_TOLERANCE_PCT:.0}%){}",
                     alg.name(),
                     c.total(),
                     why.map(|w| format!(": cannot be matched: {w}")).unwrap_or_default()
