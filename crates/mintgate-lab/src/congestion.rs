@@ -851,8 +851,9 @@ fn table(
     line(
         &mut t,
         format_args!(
-            "Model: {}; \"loss\" is the chance that an exchange is lost on the radio hops, as the \
-             paper's Basic column requires (mintgate_netsim::sim::chain documents each parameter).",
+            "Model: {}; \"loss\" is the chance that an exchange (request or response) is lost, as \
+             the paper's Basic and alpha columns require (mintgate_netsim::sim::chain documents \
+             each parameter).",
             model_summary(opts.real)
         ),
     );
