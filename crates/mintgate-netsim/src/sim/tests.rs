@@ -25,11 +25,12 @@ fn lossless_chain_completes_every_request_without_retransmissions() {
         assert_eq!(run.retransmissions[0], 0, "{alg}");
         assert_eq!(run.server.requests, 200);
         assert_eq!(run.net.lost, 0);
-        // six radio hops of 3 ms +- 2.5 ms, two serial hops, 2 ms processing
-        // and the serialisation of two frames per hop
+        // the host path (70 ms +- 60 ms each way), the serial line (about
+        // 6 ms per message), six radio crossings of 4 ms +- 1 ms plus 2.2-2.4
+        // ms of airtime, 2 ms processing: about 194 ms on average
         let rtt = run.mean_rtt();
         assert!(
-            rtt > Duration::from_millis(20) && rtt < Duration::from_millis(45),
+            rtt > Duration::from_millis(180) && rtt < Duration::from_millis(210),
             "{alg}: {rtt:?}"
         );
         // every request index exactly once
@@ -50,19 +51,20 @@ fn same_seed_same_run_and_another_seed_differs() {
 }
 
 #[test]
-fn losses_follow_the_configured_end_to_end_rate() {
-    // 3 hops, 15 % end to end per direction: a message crossing all of them
-    // arrives with probability 0.85
+fn losses_follow_the_configured_exchange_loss() {
+    // 15 %: an exchange (request and response over 3 hops each) fails with
+    // probability 0.15
     let run = chain::run(&cfg(0.15, Algorithm::Basic, 1000, 5));
     let s = run.net;
     assert!(run.finished);
     // every request was retried until it succeeded
     assert_eq!(run.outcomes[0].len(), 1000);
     let exchanges_failed: u64 = run.retransmissions[0];
-    // P(exchange transmission fails) = 1 - 0.85^2 = 0.2775; retransmissions
-    // per request = q / (1 - q) = 0.384 on average
+    // q = 0.15; retransmissions per request = q / (1 - q) = 0.176 on
+    // average (the loss per direction, 1 - (1 - 0.15)^(1/2) = 7.8 %, would
+    // make it 0.38)
     let per_req = exchanges_failed as f64 / 1000.0;
-    assert!((0.30..0.48).contains(&per_req), "{per_req}");
+    assert!((0.14..0.22).contains(&per_req), "{per_req}");
     assert!(s.lost > 0 && s.queue_drops == 0, "{s:?}");
 }
 
@@ -71,9 +73,10 @@ fn basic_retransmits_after_two_to_three_seconds() {
     let run = chain::run(&cfg(0.10, Algorithm::Basic, 400, 9));
     for o in &run.outcomes[0] {
         match o.retransmissions {
-            0 => assert!(o.rtt < Duration::from_millis(100), "{o:?}"),
+            // the base RTT is at most about 2 x 130 ms + 60 ms
+            0 => assert!(o.rtt < Duration::from_millis(350), "{o:?}"),
             1 => assert!(
-                o.rtt >= Duration::from_secs(2) && o.rtt < Duration::from_millis(3100),
+                o.rtt >= Duration::from_secs(2) && o.rtt < Duration::from_millis(3350),
                 "{o:?}"
             ),
             _ => assert!(o.rtt >= Duration::from_secs(6), "{o:?}"),
@@ -188,4 +191,21 @@ impl App for Never {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+#[test]
+fn the_exchange_loss_splits_evenly_over_two_directions() {
+    for p in [0.0, 0.05, 0.10, 0.15, 1.0] {
+        let d = chain::direction_loss(p);
+        assert!(
+            ((1.0 - d) * (1.0 - d) - (1.0 - p)).abs() < 1e-12,
+            "{p}: {d}"
+        );
+    }
+    // and the lab's relay gets half the lossless RTT each way
+    let base = chain::base_rtt(&ChainConfig::default());
+    assert!(
+        base > Duration::from_millis(180) && base < Duration::from_millis(210),
+        "{base:?}"
+    );
 }
