@@ -324,10 +324,7 @@ impl Registry {
 
     /// Observers of the source (IPv4 address or IPv6 /64) of `peer`.
     pub fn of_source(&self, peer: &SocketAddr) -> usize {
-        self.per_source
-            .get(&Source::of(peer))
-            .copied()
-            .unwrap_or(0)
+        self.per_source.get(&Source::of(peer)).copied().unwrap_or(0)
     }
 
     /// Removes the observer (peer, token); returns whether there was one.
