@@ -73,11 +73,27 @@ fn exhausted_pool_under_many_threads_keeps_blocks_apart_and_counts_right() {
         })
     };
 
+    // every thread first holds more than its share, all at once (a
+    // barrier), so that each partition runs dry even when the scheduler
+    // would otherwise run the threads one after another
+    let start = Arc::new(std::sync::Barrier::new(THREADS));
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
             let (pool, mailbox) = (pool.clone(), mailbox.clone());
             let (refused, shared_reads) = (refused.clone(), shared_reads.clone());
+            let start = start.clone();
             std::thread::spawn(move || {
+                let mut grab = Vec::new();
+                for size in [8, 8, 8, 100, 100] {
+                    match pool.alloc(Layer::Other, size, 4) {
+                        Ok(b) => grab.push(b),
+                        Err(_) => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                start.wait();
+                drop(grab);
                 let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
                 let mut held: Vec<(BlockMut, u8)> = Vec::new();
                 let mut frozen: Vec<(Block, u8)> = Vec::new();
