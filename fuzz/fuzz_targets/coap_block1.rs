@@ -26,6 +26,7 @@ const CFG: Block1Config = Block1Config {
     per_peer: 2,
     timeout: Duration::from_secs(5),
     block_size: 64,
+    per_source_bytes: 2000,
 };
 
 fn router() -> Router {
