@@ -185,6 +185,23 @@ impl Family<'_> {
     }
 }
 
+/// Writes unlabelled families in the Prometheus text format: a name ending
+/// in `_total` is a counter, any other a gauge.
+pub(crate) fn write_families(out: &mut String, families: &[(&str, &str, u64)]) {
+    use std::fmt::Write as _;
+    for (name, help, v) in families {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
+}
+
 /// The whole exposition, in the Prometheus text format 0.0.4.
 pub fn render_prometheus(gw: &GatewayHandle) -> String {
     let c = gw.counters();

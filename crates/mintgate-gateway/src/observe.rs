@@ -97,7 +97,9 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
     use std::fmt::Write as _;
     let c = o.endpoint.stats();
     let ended: u64 = Ended::ALL.iter().map(|e| c.ended(*e)).sum();
-    for (name, help, v) in [
+    crate::metrics::write_families(
+        out,
+        &[
         (
             "mintgate_observe_observers",
             "Observe registrations now (RFC 7641).",
@@ -138,17 +140,8 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
             "Notifications that replaced an unacknowledged CON notification (RFC 7641 4.5.2).",
             c.notifications_replaced.load(Relaxed),
         ),
-    ] {
-        let kind = if name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    }
+        ],
+    );
     let _ = writeln!(
         out,
         "# HELP mintgate_observe_ended_total Observe relations ended, by reason.\n# TYPE mintgate_observe_ended_total counter"
@@ -166,9 +159,10 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
 /// The rest of the endpoint's counters: the message layer's CONs and
 /// address validation.
 pub(crate) fn render_endpoint_metrics(ep: &Endpoint, out: &mut String) {
-    use std::fmt::Write as _;
     let c = ep.stats();
-    for (name, help, v) in [
+    crate::metrics::write_families(
+        out,
+        &[
         (
             "mintgate_coap_pending_con",
             "CON messages (separate responses, notifications) waiting for an ACK.",
@@ -219,15 +213,6 @@ pub(crate) fn render_endpoint_metrics(ep: &Endpoint, out: &mut String) {
             "Requests carrying an Echo option that was not valid (forged, stale, another address's).",
             c.echo_invalid.load(Relaxed),
         ),
-    ] {
-        let kind = if name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    }
+        ],
+    );
 }

@@ -1118,67 +1118,59 @@ fn notify_loop(sh: &Shared) {
 
 /// The Block1 reassembly counters in the Prometheus text format.
 fn render_block1_metrics(st: &Block1Stats, held: usize, bytes: usize, out: &mut String) {
-    use std::fmt::Write as _;
-    for (name, help, v) in [
-        (
-            "mintgate_block1_transfers",
-            "Block1 transfers held (in progress, or completed and kept for Block2).",
-            held as u64,
-        ),
-        (
-            "mintgate_block1_bytes",
-            "Bytes held by Block1 transfers.",
-            bytes as u64,
-        ),
-        (
-            "mintgate_block1_started_total",
-            "Block1 transfers started.",
-            st.started,
-        ),
-        (
-            "mintgate_block1_completed_total",
-            "Block1 requests handled whole.",
-            st.completed,
-        ),
-        (
-            "mintgate_block1_continue_total",
-            "Blocks answered 2.31 Continue.",
-            st.continued,
-        ),
-        (
-            "mintgate_block1_incomplete_total",
-            "Blocks answered 4.08 Request Entity Incomplete.",
-            st.incomplete,
-        ),
-        (
-            "mintgate_block1_too_large_total",
-            "Blocks answered 4.13 Request Entity Too Large.",
-            st.too_large,
-        ),
-        (
-            "mintgate_block1_busy_total",
-            "Blocks answered 5.03 (no room for another transfer).",
-            st.busy,
-        ),
-        (
-            "mintgate_block1_expired_total",
-            "Block1 transfers dropped after the idle timeout.",
-            st.expired,
-        ),
-        (
-            "mintgate_block1_evicted_total",
-            "Block1 transfers evicted for room.",
-            st.evicted,
-        ),
-    ] {
-        let kind = if name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    }
+    crate::metrics::write_families(
+        out,
+        &[
+            (
+                "mintgate_block1_transfers",
+                "Block1 transfers held (in progress, or completed and kept for Block2).",
+                held as u64,
+            ),
+            (
+                "mintgate_block1_bytes",
+                "Bytes held by Block1 transfers.",
+                bytes as u64,
+            ),
+            (
+                "mintgate_block1_started_total",
+                "Block1 transfers started.",
+                st.started,
+            ),
+            (
+                "mintgate_block1_completed_total",
+                "Block1 requests handled whole.",
+                st.completed,
+            ),
+            (
+                "mintgate_block1_continue_total",
+                "Blocks answered 2.31 Continue.",
+                st.continued,
+            ),
+            (
+                "mintgate_block1_incomplete_total",
+                "Blocks answered 4.08 Request Entity Incomplete.",
+                st.incomplete,
+            ),
+            (
+                "mintgate_block1_too_large_total",
+                "Blocks answered 4.13 Request Entity Too Large.",
+                st.too_large,
+            ),
+            (
+                "mintgate_block1_busy_total",
+                "Blocks answered 5.03 (no room for another transfer).",
+                st.busy,
+            ),
+            (
+                "mintgate_block1_expired_total",
+                "Block1 transfers dropped after the idle timeout.",
+                st.expired,
+            ),
+            (
+                "mintgate_block1_evicted_total",
+                "Block1 transfers evicted for room.",
+                st.evicted,
+            ),
+        ],
+    );
 }
