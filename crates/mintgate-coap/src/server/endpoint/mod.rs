@@ -52,8 +52,8 @@ use super::block::BlockOpt;
 use super::observe::{observe_request, Ended, Full, ObserveConfig, ObserveRequest, Registry};
 use super::{
     classify, finish_response, process_request, process_request_blockwise, simple_response, Answer,
-    Block1Config, Block1Stats, Block1Store, Dedup, DropReason, Handled, Inbound, Outgoing, Request,
-    ResetReason, ResponseBuilder, Router, Seen,
+    Block1Config, Block1Stats, Block1Store, Dedup, DedupSize, DedupStats, DropReason, Handled,
+    Inbound, Outgoing, Request, ResetReason, ResponseBuilder, Router, Seen,
 };
 use crate::rto::TransmissionParams;
 use crate::wire::{
@@ -298,11 +298,30 @@ impl EndpointStats {
     }
 }
 
+/// An answer remembered for a CON's duplicates.
+#[derive(Clone, Debug)]
+struct Cached {
+    out: Outgoing,
+    /// Its source was verified when it was answered (an Echo round trip or
+    /// the transport), so a duplicate gets it whatever its size. Otherwise
+    /// a duplicate gets it only within `amplification_factor` times the
+    /// duplicate's own size: a duplicate needs only the 4-byte header of
+    /// the first request, so replaying unchecked would let a spoofed source
+    /// turn 4 bytes into a whole answer, again and again.
+    free: bool,
+}
+
+impl super::Weigh for Cached {
+    fn weight(&self) -> usize {
+        self.out.len()
+    }
+}
+
 /// The CoAP server endpoint. See the module docs.
 pub struct Endpoint {
     cfg: EndpointConfig,
     pool: Pool,
-    dedup: Box<[Mutex<Dedup<Outgoing>>]>,
+    dedup: Box<[Mutex<Dedup<Cached>>]>,
     next_mid: AtomicU16,
     slots: Box<[Mutex<Option<InFlight>>]>,
     pending: Mutex<Retransmissions>,
@@ -373,7 +392,7 @@ impl Endpoint {
         self.next_mid.fetch_add(1, Relaxed)
     }
 
-    fn shard(&self, peer: &SocketAddr, mid: u16) -> &Mutex<Dedup<Outgoing>> {
+    fn shard(&self, peer: &SocketAddr, mid: u16) -> &Mutex<Dedup<Cached>> {
         let h = (mid as usize) ^ (peer.port() as usize).rotate_left(5);
         &self.dedup[h % DEDUP_SHARDS]
     }
@@ -407,16 +426,25 @@ impl Endpoint {
             }
             Inbound::Drop(_) => return Incoming::Ignored(None),
         };
-        let mut shard = self.shard(&peer, mid).lock();
-        match shard.check(now, peer, mid, con) {
-            Seen::New => Incoming::Request { con, mid },
-            Seen::Replay(o) => Incoming::Duplicate(Some(Transmit {
-                peer,
-                listener,
-                datagram: Datagram::Message(o.clone()),
-            })),
-            Seen::InProgress | Seen::Duplicate => Incoming::Duplicate(None),
+        let cached = match self.shard(&peer, mid).lock().check(now, peer, mid, con) {
+            Seen::New => return Incoming::Request { con, mid },
+            Seen::Replay(c) => c.clone(),
+            Seen::InProgress | Seen::Duplicate => return Incoming::Duplicate(None),
+        };
+        let limit = (self.cfg.amplification_factor as usize).saturating_mul(datagram.len());
+        if !cached.free
+            && limit > 0
+            && cached.out.len() > limit
+            && !self.validation.lock().is_verified(now, &peer)
+        {
+            self.stats.amplification_dropped.fetch_add(1, Relaxed);
+            return Incoming::Duplicate(None);
         }
+        Incoming::Duplicate(Some(Transmit {
+            peer,
+            listener,
+            datagram: Datagram::Message(cached.out),
+        }))
     }
 
     /// An ACK (or, with `reset`, a Reset) of message `mid` from `peer`.
@@ -467,7 +495,14 @@ impl Endpoint {
             Some(max_age),
         ) {
             Some(o) => {
-                shard.complete(peer, mid, o.clone());
+                shard.complete(
+                    peer,
+                    mid,
+                    Cached {
+                        out: o.clone(),
+                        free: false,
+                    },
+                );
                 Some(Transmit {
                     peer,
                     listener,
@@ -618,7 +653,10 @@ impl Endpoint {
             self.shard(&ticket.peer, ticket.mid).lock().complete(
                 ticket.peer,
                 ticket.mid,
-                o.clone(),
+                Cached {
+                    out: o.clone(),
+                    free: ticket.verified,
+                },
             );
         }
         if acked {
@@ -944,6 +982,26 @@ impl Endpoint {
     /// Entries held for de-duplication now.
     pub fn dedup_len(&self) -> usize {
         self.dedup.iter().map(|d| d.lock().len()).sum()
+    }
+
+    /// The de-duplication tables' sizes and counters, summed over shards.
+    pub fn dedup_summary(&self) -> (DedupSize, DedupStats) {
+        let (mut z, mut c) = (DedupSize::default(), DedupStats::default());
+        for d in self.dedup.iter() {
+            let d = d.lock();
+            let (s, t) = (d.size(), d.stats());
+            z.entries += s.entries;
+            z.queued += s.queued;
+            z.map_capacity += s.map_capacity;
+            z.queue_capacity += s.queue_capacity;
+            z.bytes += s.bytes;
+            c.evicted_early += t.evicted_early;
+            c.evicted_bytes += t.evicted_bytes;
+            c.too_heavy += t.too_heavy;
+            c.forgotten += t.forgotten;
+            c.compactions += t.compactions;
+        }
+        (z, c)
     }
 
     /// Block1 counters, transfers held and bytes held.

@@ -367,3 +367,50 @@ fn de_duplication_stays_bounded_under_a_flood() {
     }
     assert!(ep.dedup_len() <= 1024 + 16);
 }
+
+#[test]
+fn a_short_duplicate_from_an_unverified_source_gets_no_more_than_its_share() {
+    let ep = Endpoint::new(EndpointConfig::default(), pool(), Instant::now());
+    let r = router();
+    let now = Instant::now();
+    let req = get(MessageType::Con, 7, "sensors/big", &[]);
+    let first = exchange(&ep, &r, now, peer(1), &req)
+        .unwrap()
+        .datagram
+        .to_vec();
+    assert!(first.len() <= 3 * req.len());
+    assert!(first.len() > 12, "the cut answer is more than 3 x 4 bytes");
+    // the same exchange repeated whole gets its answer again
+    let again = exchange(&ep, &r, now, peer(1), &req)
+        .unwrap()
+        .datagram
+        .to_vec();
+    assert_eq!(again, first);
+    // a bare 4-byte header with the same message ID is a duplicate too, but
+    // the cached answer is more than 3 times its size: nothing goes back
+    let bare = [0x40, Code::GET.0, 0, 7];
+    assert!(matches!(
+        ep.handle_datagram(now, peer(1), 0, &bare),
+        Incoming::Duplicate(None)
+    ));
+    assert_eq!(ep.stats().amplification_dropped.load(Relaxed), 1);
+    // a transport-verified source's answers are replayed whatever the size
+    assert!(matches!(
+        ep.handle_datagram(now, peer(2), 0, &req),
+        Incoming::Request { .. }
+    ));
+    let p = Packet::new_checked(&req[..]).unwrap();
+    let t = ep.begin(0, now, peer(2), 0, &p, true);
+    let rq = Request {
+        peer: peer(2),
+        packet: &p,
+        identity: None,
+    };
+    let h = ep.process(now, &r, &rq);
+    let whole = ep.respond(now, t, &r, &rq, h).transmit().unwrap();
+    assert!(whole.datagram.len() > 900);
+    match ep.handle_datagram(now, peer(2), 0, &bare) {
+        Incoming::Duplicate(Some(t)) => assert_eq!(t.datagram.len(), whole.datagram.len()),
+        other => panic!("{other:?}"),
+    }
+}
