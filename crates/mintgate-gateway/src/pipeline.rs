@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use mintgate_buf::{BlockMut, Layer, Pool};
 use mintgate_coap::server::{
-    Block1Stats, Datagram, Endpoint, Handled, Incoming, PathTaken, Request, Resource, Responded,
-    Router, Transmit,
+    Block1Stats, Datagram, DedupSize, DedupStats, Endpoint, Handled, Incoming, PathTaken, Request,
+    Resource, Responded, Router, Transmit,
 };
 use mintgate_coap::wire::{Code, MessageType, Packet};
 use mintgate_sched::priority::{self, Applied, Priority};
@@ -529,6 +529,8 @@ impl GatewayHandle {
         }
         let (stats, held, bytes) = self.shared.endpoint.block1();
         render_block1_metrics(&stats, held, bytes, out);
+        let (size, dd) = self.shared.endpoint.dedup_summary();
+        render_dedup_metrics(&size, &dd, out);
         let dtls: Vec<&mintgate_dtls::DtlsStats> = self
             .shared
             .dtls
@@ -1168,8 +1170,83 @@ fn render_block1_metrics(st: &Block1Stats, held: usize, bytes: usize, out: &mut 
             ),
             (
                 "mintgate_block1_evicted_total",
-                "Block1 transfers evicted for room.",
+                "Block1 transfers evicted for room (the sum of the three evicted_*_total).",
                 st.evicted,
+            ),
+            (
+                "mintgate_block1_busy_source_total",
+                "5.03 answers: the source's own Block1 share was full.",
+                st.busy_source,
+            ),
+            (
+                "mintgate_block1_busy_global_total",
+                "5.03 answers: the budget was full and the source was not lighter than the heaviest other.",
+                st.busy_global,
+            ),
+            (
+                "mintgate_block1_bad_total",
+                "Blocks answered 4.00 (a block of the wrong size).",
+                st.bad,
+            ),
+            (
+                "mintgate_block1_evicted_own_total",
+                "A source's own Block1 transfers evicted for its newer ones.",
+                st.evicted_own,
+            ),
+            (
+                "mintgate_block1_evicted_kept_total",
+                "Completed Block1 bodies kept for Block2 evicted for room.",
+                st.evicted_kept,
+            ),
+            (
+                "mintgate_block1_evicted_heaviest_total",
+                "Unfinished transfers of the heaviest source evicted for a lighter source's.",
+                st.evicted_heaviest,
+            ),
+        ],
+    );
+}
+
+/// The de-duplication tables' gauges and counters in the Prometheus text
+/// format (summed over the endpoint's shards).
+fn render_dedup_metrics(z: &DedupSize, c: &DedupStats, out: &mut String) {
+    crate::metrics::write_families(
+        out,
+        &[
+            (
+                "mintgate_dedup_entries",
+                "Exchanges remembered for de-duplication.",
+                z.entries as u64,
+            ),
+            (
+                "mintgate_dedup_queued",
+                "Slots of the de-duplication expiry queue, live and stale.",
+                z.queued as u64,
+            ),
+            (
+                "mintgate_dedup_bytes",
+                "Bytes of responses cached for de-duplication.",
+                z.bytes as u64,
+            ),
+            (
+                "mintgate_dedup_evicted_early_total",
+                "Exchanges forgotten before their lifetime: the table was full.",
+                c.evicted_early,
+            ),
+            (
+                "mintgate_dedup_evicted_bytes_total",
+                "Exchanges forgotten before their lifetime: cached responses weighed too much.",
+                c.evicted_bytes,
+            ),
+            (
+                "mintgate_dedup_too_heavy_total",
+                "Responses not cached: heavier alone than the byte budget.",
+                c.too_heavy,
+            ),
+            (
+                "mintgate_dedup_forgotten_total",
+                "Exchanges forgotten on purpose (shed requests).",
+                c.forgotten,
             ),
         ],
     );

@@ -320,6 +320,25 @@ fn limits_missing_blocks_and_retransmissions() {
         b"tail",
     );
     assert_eq!(r.code, Code::REQUEST_ENTITY_INCOMPLETE);
+    // every answer above is on /metrics, by cause, and the exchanges are
+    // remembered for de-duplication
+    let mut m = String::new();
+    gw.handle().extra_metrics(&mut m);
+    let value = |name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{m}"))
+    };
+    // the 3,000-byte upload: block 0 (Size1 over the limit) and the five
+    // blocks past 2,000 bytes get 4.13, the six between them 4.08; then
+    // the gap in the second upload, and the other client's lone tail
+    assert_eq!(value("mintgate_block1_too_large_total"), 6);
+    assert_eq!(value("mintgate_block1_incomplete_total"), 6 + 1 + 1);
+    assert_eq!(value("mintgate_block1_busy_source_total"), 0);
+    assert_eq!(value("mintgate_block1_evicted_heaviest_total"), 0);
+    assert!(value("mintgate_dedup_entries") >= 10, "{m}");
+    assert!(value("mintgate_dedup_bytes") > 0, "{m}");
+    assert_eq!(value("mintgate_dedup_evicted_early_total"), 0);
 }
 
 #[test]
