@@ -67,18 +67,21 @@ impl CoapServer {
     pub fn new(router: Router, processing: Duration) -> CoapServer {
         let cfg = EndpointConfig {
             separate_after: Duration::from_secs(86_400),
+            handler_slots: SLOTS,
             ..EndpointConfig::default()
         };
         CoapServer::with_config(router, processing, cfg)
     }
 
-    /// [`CoapServer::new`] with the endpoint's settings.
+    /// [`CoapServer::new`] with the endpoint's settings. Requests in
+    /// processing take the endpoint's `handler_slots` in turn: keep it
+    /// above the requests in processing at once (every slot costs a little
+    /// on every event, as the endpoint's timers look at all of them).
     pub fn with_config(
         router: Router,
         processing: Duration,
         mut cfg: EndpointConfig,
     ) -> CoapServer {
-        cfg.handler_slots = SLOTS;
         cfg.dedup_capacity = cfg.dedup_capacity.min(4096);
         let pool = Pool::new(&[PartitionConfig {
             block_size: 1280,
@@ -152,7 +155,7 @@ impl App for CoapServer {
                 };
                 self.stats.requests += 1;
                 let slot = self.next_slot;
-                self.next_slot = (self.next_slot + 1) % SLOTS;
+                self.next_slot = (self.next_slot + 1) % self.endpoint.config().handler_slots.max(1);
                 let ticket = self.endpoint.begin(slot, now, pkt.src, 0, &p, false);
                 // a duplicate arriving meanwhile finds it in progress (and
                 // is dropped), as in the gateway

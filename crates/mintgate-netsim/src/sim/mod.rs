@@ -389,4 +389,6 @@ pub(crate) fn splitmix(mut z: u64) -> u64 {
 }
 
 #[cfg(test)]
+mod endpoint_tests;
+#[cfg(test)]
 mod tests;
