@@ -291,7 +291,7 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
             name: "overload",
             paper: "issue 9: 10x capacity (no paper figure)",
             skip,
-            run: Box::new(move || crate::lab_overload(&o, &exe, None)),
+            run: Box::new(move || crate::lab_overload(&o, &exe, None, false)),
         });
     }
     {
