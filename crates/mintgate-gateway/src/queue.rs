@@ -1,6 +1,17 @@
 //! The HTP queue: requests waiting for a handler thread, bounded in bytes
 //! in all and per source (so that one flooding client cannot take the whole
 //! queue and starve the others).
+//!
+//! With a per-source limit the queue is two FIFOs. A request from a source
+//! that has nothing queued goes to the first, `jobs`; a source's further
+//! requests go to the second, `bulk`, served only when `jobs` is empty. So
+//! `jobs` holds at most one request per source, and a source's requests
+//! are still taken in the order they came (its request in `jobs`, when it
+//! has one, is its oldest). When the queue is full, a request from a
+//! source with nothing queued pushes out the newest request in `bulk`: a
+//! flood from thousands of sources, each indistinguishable from a real
+//! client, leaves every source about one request in `jobs` and a quiet
+//! client's request is answered within the time `jobs` takes to drain.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -54,9 +65,10 @@ pub fn peer_key(peer: &SocketAddr) -> IpAddr {
 }
 
 struct State {
-    /// Requests of sources holding little of the queue: served first.
+    /// Requests of sources that had nothing queued: served first (all
+    /// requests, without a per-source limit).
     jobs: VecDeque<Job>,
-    /// Requests of sources holding more than [`HtpQueue::light_bytes`]:
+    /// Further requests of sources that had something queued already:
     /// served when `jobs` is empty, so that a flood queued ahead does not
     /// delay everyone else's requests (with per-source limits only).
     bulk: VecDeque<Job>,
@@ -76,9 +88,6 @@ pub struct HtpQueue {
     max_bytes: usize,
     /// Bytes one source may hold (`max_bytes` when unlimited).
     peer_max_bytes: usize,
-    /// Bytes a source may hold and still have its requests go ahead of
-    /// heavier sources' (1/64 of the bound).
-    light_bytes: usize,
     counters: Arc<PipelineCounters>,
     /// Jobs queued, readable without the lock (for spinning consumers).
     len_hint: AtomicUsize,
@@ -98,7 +107,6 @@ impl HtpQueue {
             ready: Condvar::new(),
             max_bytes,
             peer_max_bytes: max_bytes,
-            light_bytes: (max_bytes / 64).max(1),
             counters,
             len_hint: AtomicUsize::new(0),
             spin: Duration::ZERO,
@@ -114,9 +122,9 @@ impl HtpQueue {
     }
 
     /// Lets one source (see [`peer_key`]) hold at most `share` (0 < share
-    /// <= 1) of the bound; 1 puts no per-source limit. With a limit, the
-    /// requests of a source holding more than 1/64 of the bound wait behind
-    /// those of lighter sources.
+    /// <= 1) of the bound; 1 puts no per-source limit. With a limit, a
+    /// source's requests beyond its oldest queued one wait behind the
+    /// requests of sources with nothing else queued (see the module docs).
     pub fn with_peer_share(mut self, share: f64) -> HtpQueue {
         let share = if share.is_finite() {
             share.clamp(0.0, 1.0)
@@ -145,6 +153,10 @@ impl HtpQueue {
     /// Moves every job of `batch` that fits onto the queue (counting them as
     /// accepted requests, the paper's R); jobs that do not fit, in all or in
     /// their source's share, are moved to `rejected` in order, with why.
+    /// With a per-source limit, a job whose source has nothing queued makes
+    /// room on a full queue by pushing out the newest jobs of `bulk`, which
+    /// go to `rejected` as [`Shed::QueueFull`] (their acceptance stays
+    /// counted in R; the caller answers and counts them as shed).
     pub fn push_batch(&self, batch: &mut Vec<Job>, rejected: &mut Vec<(Job, Shed)>) {
         if batch.is_empty() {
             return;
@@ -154,20 +166,43 @@ impl HtpQueue {
         let mut pushed = 0;
         for job in batch.drain(..) {
             let c = job.cost();
+            let key = peer_key(&job.peer);
+            let held = if limited {
+                st.peers.get(&key).copied().unwrap_or(0)
+            } else {
+                0
+            };
+            if st.bytes + c > self.max_bytes && limited && held == 0 {
+                // a source with nothing queued: room from the newest of the
+                // bulk, if there is any
+                while st.bytes + c > self.max_bytes {
+                    let Some(old) = st.bulk.pop_back() else {
+                        break;
+                    };
+                    let oc = old.cost();
+                    st.bytes -= oc;
+                    let ok = peer_key(&old.peer);
+                    if let Some(h) = st.peers.get_mut(&ok) {
+                        *h = h.saturating_sub(oc);
+                        if *h == 0 {
+                            st.peers.remove(&ok);
+                        }
+                    }
+                    rejected.push((old, Shed::QueueFull));
+                }
+            }
             if st.bytes + c > self.max_bytes {
                 rejected.push((job, Shed::QueueFull));
                 continue;
             }
             let mut heavy = false;
             if limited {
-                let key = peer_key(&job.peer);
-                let held = st.peers.get(&key).copied().unwrap_or(0);
                 if held + c > self.peer_max_bytes {
                     rejected.push((job, Shed::PeerLimit));
                     continue;
                 }
                 st.peers.insert(key, held + c);
-                heavy = held + c > self.light_bytes;
+                heavy = held > 0;
             }
             st.bytes += c;
             if heavy {
@@ -178,7 +213,8 @@ impl HtpQueue {
             pushed += 1;
         }
         let queued = st.jobs.len() + st.bulk.len();
-        // R is counted before any handler can see the jobs, so H never leads R
+        // R is counted before any handler can see the jobs, so H never leads
+        // R (jobs pushed out stay counted in R, and are counted shed too)
         self.counters.nr_requests.fetch_add(pushed as u64, Relaxed);
         self.len_hint.store(queued, Relaxed);
         self.counters.queue_len.store(queued as u64, Relaxed);
@@ -412,5 +448,67 @@ mod tests {
         let rest: Vec<usize> = out.iter().map(|j| j.listener).collect();
         assert_eq!(rest, (2..=10).collect::<Vec<_>>(), "the bulk in order");
         assert_eq!(q.peers(), 0);
+    }
+
+    #[test]
+    fn on_a_full_queue_a_source_with_nothing_queued_pushes_out_the_newest_bulk() {
+        let pool = Pool::new(&[PartitionConfig {
+            block_size: 100,
+            blocks: 64,
+        }]);
+        let c = Arc::new(PipelineCounters::default());
+        // room for 20 jobs; one source may hold 10
+        let q = HtpQueue::new(2000, c).with_peer_share(0.5);
+        let job = |peer: String, i: usize| Job {
+            peer: peer.parse().unwrap(),
+            block: pool.alloc(Layer::Receive, 1, 0).unwrap(),
+            listener: i,
+            received: Instant::now(),
+            identity: None,
+        };
+        // ten sources, two requests each: the queue is full, and each
+        // source has one request in `jobs` and one in `bulk`
+        let mut batch: Vec<Job> = (0..20)
+            .map(|i| job(format!("10.0.0.{}:7", i % 10), i))
+            .collect();
+        let mut rej = Vec::new();
+        q.push_batch(&mut batch, &mut rej);
+        assert!(rej.is_empty());
+        // a source already queued is shed as before
+        let mut more = vec![job("10.0.0.3:7".into(), 99)];
+        q.push_batch(&mut more, &mut rej);
+        assert_eq!(
+            rej.iter()
+                .map(|(j, w)| (j.listener, *w))
+                .collect::<Vec<_>>(),
+            vec![(99, Shed::QueueFull)]
+        );
+        rej.clear();
+        // a quiet source gets in, in place of the newest bulk request
+        let mut quiet = vec![job("127.0.0.2:9".into(), 1000)];
+        q.push_batch(&mut quiet, &mut rej);
+        assert_eq!(
+            rej.iter()
+                .map(|(j, w)| (j.listener, *w))
+                .collect::<Vec<_>>(),
+            vec![(19, Shed::QueueFull)]
+        );
+        assert_eq!(q.len(), 20);
+        // served after the other sources' first requests, ahead of the bulk,
+        // and every source's requests in their order
+        let mut out = Vec::new();
+        while !q.is_empty() {
+            q.pop_batch(&mut out, 32, 1, Duration::from_millis(1));
+        }
+        let order: Vec<usize> = out.iter().map(|j| j.listener).collect();
+        let mut want: Vec<usize> = (0..10).collect();
+        want.push(1000);
+        want.extend(10..19);
+        assert_eq!(order, want);
+        assert_eq!(
+            q.peers(),
+            0,
+            "the pushed-out source's bytes were given back"
+        );
     }
 }
