@@ -227,6 +227,44 @@ fn split_intervals(runs: &[Vec<Done>]) -> Vec<IntervalRow> {
     rows
 }
 
+/// Runs [`sim_case`] for every (loss, algorithm, requests, seed) of
+/// `jobs` on as many threads as there are cores, each simulation on its
+/// own (a run is a function of its configuration and seed, so the figures
+/// do not depend on the threads); returns each job's exchanges and wall
+/// time, in the order of `jobs`.
+fn sim_cases(jobs: &[(u32, Algorithm, usize, u64)]) -> Vec<(Vec<Done>, Duration)> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len())
+        .max(1);
+    let mut done: Vec<(usize, (Vec<Done>, Duration))> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(loss, alg, requests, seed)) = jobs.get(i) else {
+                            break mine;
+                        };
+                        let t = Instant::now();
+                        let d = sim_case(loss, alg, requests, seed);
+                        mine.push((i, (d, t.elapsed())));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a simulation thread panicked"))
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
 /// Runs the chain in the simulator for one case and seed.
 fn sim_case(loss_pct: u32, algorithm: Algorithm, requests: usize, seed: u64) -> Vec<Done> {
     let run = chain::run(&ChainConfig {
@@ -444,17 +482,36 @@ pub fn lab_congestion(opts: &CongestionOptions) -> anyhow::Result<Summary> {
         "congestion: {mode}; {requests} CON GETs per case, {runs} run(s) per case from seed {}",
         opts.seed
     ));
+    // the simulations all at once, on every core
+    let mut simulated = if opts.real {
+        Vec::new()
+    } else {
+        let jobs: Vec<(u32, Algorithm, usize, u64)> = LOSSES
+            .iter()
+            .flat_map(|&l| Algorithm::ALL.iter().map(move |&a| (l, a)))
+            .flat_map(|(l, a)| {
+                (0..runs).map(move |r| (l, a, requests, opts.seed.wrapping_add(r as u64)))
+            })
+            .collect();
+        sim_cases(&jobs)
+    }
+    .into_iter();
     let mut cases = Vec::new();
     for loss in LOSSES {
         for algorithm in Algorithm::ALL {
             let t = Instant::now();
             let mut per_run = Vec::with_capacity(runs);
+            let mut sim_wall = Duration::ZERO;
             for r in 0..runs {
                 let seed = opts.seed.wrapping_add(r as u64);
                 let done = if opts.real {
                     real_case(loss, algorithm, requests, seed, o.progress.as_ref())?
                 } else {
-                    sim_case(loss, algorithm, requests, seed)
+                    let (d, wall) = simulated
+                        .next()
+                        .expect("one simulation per (loss, algorithm, run)");
+                    sim_wall += wall;
+                    d
                 };
                 per_run.push(done);
             }
@@ -475,7 +532,7 @@ pub fn lab_congestion(opts: &CongestionOptions) -> anyhow::Result<Summary> {
                 intervals: split_intervals(&per_run),
                 run_means,
                 spurious,
-                wall: t.elapsed() / runs as u32,
+                wall: if opts.real { t.elapsed() } else { sim_wall } / runs as u32,
             };
             (o.progress)(&format!(
                 "  {loss:>2}% {:<8}: mean RTT {:8.1} ms (total of interval means {:8.1} ms), {:.0} ms wall per run",
@@ -981,9 +1038,8 @@ mod tests {
         let mut bad = Vec::new();
         for (li, &loss) in LOSSES.iter().enumerate() {
             for (ai, &alg) in Algorithm::ALL.iter().enumerate() {
-                let runs: Vec<Vec<Done>> = (1..=10)
-                    .map(|seed| sim_case(loss, alg, 1000, seed))
-                    .collect();
+                let jobs: Vec<_> = (1..=10).map(|seed| (loss, alg, 1000, seed)).collect();
+                let runs: Vec<Vec<Done>> = sim_cases(&jobs).into_iter().map(|r| r.0).collect();
                 assert!(runs.iter().all(|r| r.len() == 1000), "{loss}% {alg}");
                 let total: f64 = split_intervals(&runs).iter().map(|i| i.mean_rtt_ms).sum();
                 let paper = paper::TABLES[li].totals[ai];

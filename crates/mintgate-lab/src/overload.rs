@@ -311,8 +311,13 @@ pub fn lab_overload(
         &mut t,
         format_args!(
             "lab overload: mintgate serve (fixed:2, block:1ms) at {OVERLOAD_FACTOR}x its capacity, \
-             {clients} clients x {RATE} NON GET/s from 127.0.0.1 for {} s; a CON GET probe each \
+             {clients} clients x {RATE} NON GET/s from {} for {} s; a CON GET probe each \
              second from 127.0.0.2",
+            if many_sources {
+                "an address each (127.1.x.y)"
+            } else {
+                "127.0.0.1"
+            },
             duration.as_secs()
         ),
     );
