@@ -94,6 +94,12 @@ pub enum WriteAuth {
     /// Refused (401): writes need a credential HTTP cannot carry (a DTLS
     /// identity).
     Refuse,
+    /// Taken from clients on loopback only (403 for others, with `why`):
+    /// the gateway's owner has not chosen a write policy yet.
+    LoopbackOnly {
+        /// The refusal's text, which says how to choose.
+        why: String,
+    },
 }
 
 /// Certificates for the HTTP/3 listener.
