@@ -156,6 +156,7 @@ pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Re
             early_data: s.early_data,
         },
         write_auth: WriteAuth::Open,
+        allowed_hosts: s.allowed_hosts.clone(),
     };
     cfg.validate()
         .map_err(|e| anyhow!("invalid config value proxy.{}: {}", e.key, e.why))?;
@@ -268,6 +269,7 @@ pub fn proxy_state(
             "write_mode_unset": st.write_mode_unset.load(Relaxed),
             "forbidden": st.forbidden.load(Relaxed),
             "cross_site": st.cross_site.load(Relaxed),
+            "bad_host": st.bad_host.load(Relaxed),
             "too_early": st.too_early.load(Relaxed),
             "timeouts": st.timeouts.load(Relaxed),
             "bad_gateway": st.bad_gateway.load(Relaxed),

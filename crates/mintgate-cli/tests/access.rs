@@ -361,6 +361,59 @@ fn an_unchosen_write_mode_refuses_proxied_writes_until_open_is_chosen() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// DNS rebinding: a browser on the gateway's host that loads a page whose
+/// name resolves to 127.0.0.1 sends that name in `Host`. The dashboard (on
+/// both listeners) and writes through the proxy refuse it (403, counted);
+/// IP literals and `localhost` pass, and so do reads through the proxy.
+#[test]
+fn a_foreign_host_is_refused_by_the_dashboard_and_proxy_writes() {
+    let dir = tmp_dir("access-host");
+    let (mut gw, coap, http_port, metrics) = serve_with_proxy(&dir, "[access]\nwrite = \"open\"\n");
+    let evil = [("Host", "evil.example")];
+    for port in [metrics, http_port] {
+        for path in ["/", "/api/state"] {
+            let (st, _, body) = http(port, "GET", path, &evil, b"");
+            assert_eq!(st, 403, "{port}{path}: {body}");
+            assert!(body.contains("proxy.allowed_hosts"), "{body}");
+        }
+        let local = format!("localhost:{port}");
+        let (st, _, _) = http(port, "GET", "/api/state", &[("Host", &local)], b"");
+        assert_eq!(st, 200);
+    }
+    let led = format!("/hc/coap://127.0.0.1:{coap}/actuators/led0");
+    let (st, _, body) = http(http_port, "PUT", &led, &evil, b"1");
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("proxy.allowed_hosts"), "{body}");
+    let (st, _, body) = http(http_port, "GET", &led, &evil, b"");
+    assert_eq!(
+        (st, body.trim()),
+        (200, "0"),
+        "reads pass; the write did not"
+    );
+    let (st, head, _) = http(http_port, "PUT", &led, &[("Host", "[::1]")], b"1");
+    assert!(st == 204 || st == 200, "{head}");
+    let (st, _, text) = http(metrics, "GET", "/metrics", &[], b"");
+    assert_eq!(st, 200);
+    assert_eq!(
+        metric(&text, "mintgate_dashboard_refused_total{reason=\"host\"}"),
+        Some(4.0)
+    );
+    assert_eq!(
+        metric(&text, "mintgate_proxy_errors_total{reason=\"bad_host\"}"),
+        Some(1.0)
+    );
+    assert!(gw.terminate(Duration::from_secs(10)), "{}", gw.log_text());
+    // a name list is checked when the file is read
+    let bad = write_config(&dir, coap, "[proxy]\nallowed_hosts = [\"evil/x\"]\n");
+    let o = mintgate(&["serve", "-c", bad.to_str().unwrap(), "--print-config"]);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("proxy.allowed_hosts"),
+        "{o:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn proxy_tokens_come_from_a_file_or_the_environment_and_are_never_printed() {
     let dir = tmp_dir("access-secrets");
