@@ -2,12 +2,15 @@
 //! 6.4) on arbitrary text. An accepted URI must give options in order
 //! (Uri-Host, Uri-Path, Uri-Query), none over 255 bytes, a non-zero port,
 //! and written back fully percent-encoded it must parse to the same value.
+//! The same text as an HTTP authority (`uri::host_allowed`, the check
+//! against DNS rebinding): no panic, and a name it allows with no list is
+//! an IP literal or `localhost`.
 #![no_main]
 
 use std::fmt::Write as _;
 
 use libfuzzer_sys::fuzz_target;
-use mintgate_coap::uri::{parse, CoapUri, Host};
+use mintgate_coap::uri::{host_allowed, parse, CoapUri, Host};
 use mintgate_coap::wire::OptionNumber;
 
 /// Every byte as `%XX`: nothing in it can be read as a delimiter.
@@ -50,6 +53,19 @@ fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else {
         return;
     };
+    if host_allowed(Some(s), &[]) {
+        let h = s.trim();
+        let h = match h.strip_prefix('[') {
+            Some(r) => r.split_once(']').map(|(h, _)| h).unwrap_or(""),
+            None => h.split(':').next().unwrap_or(""),
+        };
+        let h = h.strip_suffix('.').unwrap_or(h);
+        assert!(
+            h.parse::<std::net::IpAddr>().is_ok() || h.eq_ignore_ascii_case("localhost"),
+            "{s:?} allowed without a list"
+        );
+    }
+    assert!(host_allowed(Some(s), &["*".to_owned()]) || !host_allowed(Some(s), &[]));
     let u = match parse(s) {
         Ok(u) => u,
         Err(e) => {

@@ -156,6 +156,7 @@ pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Re
             early_data: s.early_data,
         },
         write_auth: WriteAuth::Open,
+        allowed_hosts: s.allowed_hosts.clone(),
     };
     cfg.validate()
         .map_err(|e| anyhow!("invalid config value proxy.{}: {}", e.key, e.why))?;
@@ -163,9 +164,13 @@ pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Re
 }
 
 /// The HTTP side of the `[access]` policy: bearer tokens for writes, passed
-/// on to the gateway's own CoAP endpoints `own` only.
+/// on to the gateway's own CoAP endpoints `own` only; writes from loopback
+/// clients only while no mode is chosen.
 pub fn write_auth(access: &AccessSection, own: &[Authority]) -> WriteAuth {
     match access.write {
+        WriteMode::Unset => WriteAuth::LoopbackOnly {
+            why: mintgate_gateway::access::UNSET_WHY.to_owned(),
+        },
         WriteMode::Open => WriteAuth::Open,
         WriteMode::Token => WriteAuth::Bearer {
             tokens: access.tokens.clone(),
@@ -261,8 +266,10 @@ pub fn proxy_state(
             "rate_limited": st.rate_limited.load(Relaxed),
             "unauthorized": st.unauthorized.load(Relaxed),
             "write_refused": st.write_refused.load(Relaxed),
+            "write_mode_unset": st.write_mode_unset.load(Relaxed),
             "forbidden": st.forbidden.load(Relaxed),
             "cross_site": st.cross_site.load(Relaxed),
+            "bad_host": st.bad_host.load(Relaxed),
             "too_early": st.too_early.load(Relaxed),
             "timeouts": st.timeouts.load(Relaxed),
             "bad_gateway": st.bad_gateway.load(Relaxed),
@@ -375,6 +382,10 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
         tracing::debug!("upstream CoAP socket on udp {a}")
     })?
     .ok_or_else(|| anyhow!("nothing to serve"))?;
+    let listeners: Vec<SocketAddr> = srv.http_addr().into_iter().chain(srv.h3_addr()).collect();
+    if let Some(w) = mintgate_gateway::access::unset_warning(&cfg.access, &listeners) {
+        tracing::warn!("{w}");
+    }
     let sig = crate::serve::wait_for_signal(&set, Duration::from_secs(3600), || {});
     let st = srv.proxy().stats();
     use std::sync::atomic::Ordering::Relaxed;

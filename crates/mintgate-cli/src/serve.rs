@@ -358,6 +358,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "mintgate serving CoAP (coap://{}/request answers `hello world`); Ctrl-C to stop",
         gw.local_addrs().first().map(|a| a.to_string()).unwrap_or_default()
     );
+    // every listener that takes writes: the CoAP ones and the proxy's
+    let mut writable = gw.local_addrs();
+    if let Some(p) = &proxy {
+        writable.extend(p.http_addr().into_iter().chain(p.h3_addr()));
+    }
+    if let Some(w) = mintgate_gateway::access::unset_warning(&cfg.access, &writable) {
+        tracing::warn!("{w}");
+    }
     let every = a.stats_every.max(Duration::from_secs(1));
     let sig = wait_for_signal(&set, every, || {
         if a.stats_every.is_zero() {

@@ -3,7 +3,8 @@
 //! proxy without the bearer token (401), counts the refusals, and takes both
 //! with the token (the proxy passes it on to its own CoAP endpoint). Reads
 //! need nothing. `write = "dtls"`: only listed DTLS identities write, over
-//! coaps; plain and HTTP writes are refused.
+//! coaps; plain and HTTP writes are refused. `write` absent: writes from
+//! loopback only, so none through the proxy.
 
 mod common;
 
@@ -163,17 +164,16 @@ fn dtls_mode_takes_listed_identities_over_coaps_only() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn proxied_writes_carry_their_origin_and_links_are_bounded() {
-    let dir = tmp_dir("access-proxied");
+/// `mintgate serve` on loopback with `extra` config, the HTTP proxy and
+/// the metrics endpoint, up and logged; (serve, CoAP, HTTP, metrics ports).
+fn serve_with_proxy(dir: &std::path::Path, extra: &str) -> (Serve, u16, u16, u16) {
     let (coap, http_port, metrics) = (free_udp(), free_tcp(), free_tcp());
     let cfg = write_config(
-        &dir,
+        dir,
         coap,
         &format!(
             "[proxy]\nhttp = \"127.0.0.1:{http_port}\"\n\
-             [metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
-             [directpath]\nmax_links = 2\n"
+             [metrics]\nbind = \"127.0.0.1:{metrics}\"\n{extra}"
         ),
     );
     let mut gw = Serve::start(&cfg, &dir.join("serve.log"), &[]);
@@ -183,6 +183,16 @@ fn proxied_writes_carry_their_origin_and_links_are_bounded() {
     );
     gw.wait_log("HTTP/1.1 and HTTP/2 proxy on tcp", Duration::from_secs(20));
     gw.wait_log("metrics on http", Duration::from_secs(20));
+    (gw, coap, http_port, metrics)
+}
+
+#[test]
+fn proxied_writes_carry_their_origin_and_links_are_bounded() {
+    let dir = tmp_dir("access-proxied");
+    let (mut gw, coap, http_port, metrics) = serve_with_proxy(
+        &dir,
+        "[directpath]\nmax_links = 2\n[access]\nwrite = \"open\"\n",
+    );
     let link = "temp0 | threshold(25, 23) -> actuator(led0)";
     // through the proxy, unauthenticated: the CoAP endpoint sees the
     // proxy's socket on loopback but takes it as remote (4.03 -> 403)
@@ -251,6 +261,156 @@ fn proxied_writes_carry_their_origin_and_links_are_bounded() {
         Some(1.0)
     );
     assert!(gw.terminate(Duration::from_secs(10)), "{}", gw.log_text());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `access.write` absent (a fresh install): writes through the proxy,
+/// which count as remote, are refused 403 with a text that says how to
+/// choose, and counted; CoAP writes from loopback work. The same write is
+/// taken once the file says `write = "open"`.
+#[test]
+fn an_unchosen_write_mode_refuses_proxied_writes_until_open_is_chosen() {
+    let dir = tmp_dir("access-unset");
+    let link = "temp0 | threshold(25, 23) -> actuator(led0)";
+    for chosen in [None, Some("open")] {
+        let access = chosen
+            .map(|m| format!("[access]\nwrite = \"{m}\"\n"))
+            .unwrap_or_default();
+        let (mut gw, coap, http_port, metrics) = serve_with_proxy(&dir, &access);
+        let led = format!("/hc/coap://127.0.0.1:{coap}/actuators/led0");
+        let links = format!("/hc/coap://127.0.0.1:{coap}/links");
+        // a large read first: its Echo round trip verifies the proxy's
+        // address (RFC 9175), so that each refused write below is one
+        // exchange (a refusal answered with an Echo challenge is checked,
+        // and counted, again when repeated)
+        let (st, _, _) = http(
+            http_port,
+            "GET",
+            &format!("/hc/coap://127.0.0.1:{coap}/.well-known/core"),
+            &[],
+            b"",
+        );
+        assert_eq!(st, 200);
+        let put = http(
+            http_port,
+            "PUT",
+            &led,
+            &[("Content-Type", "text/plain")],
+            b"1",
+        );
+        let post = http(
+            http_port,
+            "POST",
+            &links,
+            &[("Content-Type", "text/plain")],
+            link.as_bytes(),
+        );
+        let (st, _, text) = http(metrics, "GET", "/metrics", &[], b"");
+        assert_eq!(st, 200);
+        let unset = metric(
+            &text,
+            "mintgate_access_refused_total{reason=\"write_mode_unset\"}",
+        );
+        match chosen {
+            None => {
+                for (st, head, body) in [&put, &post] {
+                    assert_eq!(*st, 403, "{head}\n{body}");
+                    for word in ["access.write", "\"open\"", "\"token\"", "\"dtls\""] {
+                        assert!(body.contains(word), "{body}");
+                    }
+                }
+                assert_eq!(unset, Some(2.0));
+                // reads through the proxy are served; CoAP writes from
+                // loopback are taken, /links included
+                let (st, _, body) = http(http_port, "GET", &led, &[], b"");
+                assert_eq!(
+                    (st, body.trim()),
+                    (200, "0"),
+                    "the refused PUT changed nothing"
+                );
+                let coap_led = format!("coap://127.0.0.1:{coap}/actuators/led0");
+                let o = mintgate(&["put", &coap_led, "-e", "1"]);
+                assert_eq!(o.status.code(), Some(0), "{o:?}");
+                let o = mintgate(&[
+                    "post",
+                    &format!("coap://127.0.0.1:{coap}/links"),
+                    "-e",
+                    link,
+                ]);
+                assert_eq!(o.status.code(), Some(0), "{o:?}");
+                // every listener is on loopback: no warning
+                assert!(
+                    !gw.log_text().contains("access.write not chosen"),
+                    "{}",
+                    gw.log_text()
+                );
+            }
+            Some(_) => {
+                let (st, head, body) = &put;
+                assert!(*st == 204 || *st == 200, "{head}\n{body}");
+                let (st, _, body) = http(http_port, "GET", &led, &[], b"");
+                assert_eq!((st, body.trim()), (200, "1"));
+                // an admin write through the proxy still needs more than "open"
+                assert_eq!(post.0, 403, "{}", post.2);
+                assert!(post.2.contains("loopback"), "{}", post.2);
+                assert_eq!(unset, Some(0.0));
+            }
+        }
+        assert!(gw.terminate(Duration::from_secs(10)), "{}", gw.log_text());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// DNS rebinding: a browser on the gateway's host that loads a page whose
+/// name resolves to 127.0.0.1 sends that name in `Host`. The dashboard (on
+/// both listeners) and writes through the proxy refuse it (403, counted);
+/// IP literals and `localhost` pass, and so do reads through the proxy.
+#[test]
+fn a_foreign_host_is_refused_by_the_dashboard_and_proxy_writes() {
+    let dir = tmp_dir("access-host");
+    let (mut gw, coap, http_port, metrics) = serve_with_proxy(&dir, "[access]\nwrite = \"open\"\n");
+    let evil = [("Host", "evil.example")];
+    for port in [metrics, http_port] {
+        for path in ["/", "/api/state"] {
+            let (st, _, body) = http(port, "GET", path, &evil, b"");
+            assert_eq!(st, 403, "{port}{path}: {body}");
+            assert!(body.contains("proxy.allowed_hosts"), "{body}");
+        }
+        let local = format!("localhost:{port}");
+        let (st, _, _) = http(port, "GET", "/api/state", &[("Host", &local)], b"");
+        assert_eq!(st, 200);
+    }
+    let led = format!("/hc/coap://127.0.0.1:{coap}/actuators/led0");
+    let (st, _, body) = http(http_port, "PUT", &led, &evil, b"1");
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("proxy.allowed_hosts"), "{body}");
+    let (st, _, body) = http(http_port, "GET", &led, &evil, b"");
+    assert_eq!(
+        (st, body.trim()),
+        (200, "0"),
+        "reads pass; the write did not"
+    );
+    let (st, head, _) = http(http_port, "PUT", &led, &[("Host", "[::1]")], b"1");
+    assert!(st == 204 || st == 200, "{head}");
+    let (st, _, text) = http(metrics, "GET", "/metrics", &[], b"");
+    assert_eq!(st, 200);
+    assert_eq!(
+        metric(&text, "mintgate_dashboard_refused_total{reason=\"host\"}"),
+        Some(4.0)
+    );
+    assert_eq!(
+        metric(&text, "mintgate_proxy_errors_total{reason=\"bad_host\"}"),
+        Some(1.0)
+    );
+    assert!(gw.terminate(Duration::from_secs(10)), "{}", gw.log_text());
+    // a name list is checked when the file is read
+    let bad = write_config(&dir, coap, "[proxy]\nallowed_hosts = [\"evil/x\"]\n");
+    let o = mintgate(&["serve", "-c", bad.to_str().unwrap(), "--print-config"]);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("proxy.allowed_hosts"),
+        "{o:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -103,6 +103,7 @@ fn every_printed_key_is_documented_in_its_section() {
         ("devices", "store"),
         ("coaps", "psk_identity"),
         ("coaps", "psk_key"),
+        ("access", "write"),
     ] {
         assert!(
             all.contains(&(k.0.to_owned(), k.1.to_owned())),

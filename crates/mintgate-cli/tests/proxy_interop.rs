@@ -62,6 +62,10 @@ impl Gateway {
             std::env::temp_dir().join(format!("mintgate-interop-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        // an open gateway: curl writes through the proxy, which counts as
+        // remote (by default only loopback clients may write)
+        let cfg = dir.join("open.toml");
+        std::fs::write(&cfg, "[access]\nwrite = \"open\"\n").unwrap();
         // A port found free may be taken before the gateway binds it: retry.
         for _ in 0..5 {
             let (coap, http, h3) = (free_udp(), free_tcp(), free_udp());
@@ -69,6 +73,8 @@ impl Gateway {
                 .current_dir(&dir)
                 .args([
                     "serve",
+                    "--config",
+                    cfg.to_str().unwrap(),
                     "--coap",
                     &format!("127.0.0.1:{coap}"),
                     "--http",

@@ -206,6 +206,61 @@ fn hex_digit(c: Option<&u8>) -> Option<u8> {
     c.and_then(|c| (*c as char).to_digit(16)).map(|d| d as u8)
 }
 
+/// Whether an HTTP request's authority (its `Host` header, or the
+/// `:authority` of HTTP/2 and HTTP/3; RFC 3986 `host[:port]` syntax, as
+/// in `coap://` URIs) names this gateway, against DNS rebinding: a web
+/// page on `evil.example` whose name is made to resolve to the gateway's
+/// address (or to 127.0.0.1 on the gateway's own host) makes the browser
+/// send `Host: evil.example`, and is refused here.
+///
+/// Allowed: no authority at all (not a browser); any IP literal (a page
+/// can only be served under an IP literal by that address itself, so no
+/// rebinding is possible; the listener's own address and loopback are of
+/// this kind); `localhost`; and the names in `allowed` (compared without
+/// case or a trailing dot, a port in an entry ignored; `"*"` allows every
+/// name). Anything else, a malformed value included, is refused.
+pub fn host_allowed(authority: Option<&str>, allowed: &[String]) -> bool {
+    let Some(a) = authority else {
+        return true;
+    };
+    let Some(host) = authority_host(a) else {
+        return false;
+    };
+    if host.parse::<IpAddr>().is_ok() || host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    allowed
+        .iter()
+        .any(|e| e == "*" || authority_host(e).is_some_and(|n| n.eq_ignore_ascii_case(host)))
+}
+
+/// The host of an HTTP authority `host[:port]` or `[v6][:port]`, without
+/// a trailing dot; `None` when malformed (empty, a bad port, userinfo, a
+/// path, a character other than letters, digits, `-`, `.`, `_`).
+pub fn authority_host(a: &str) -> Option<&str> {
+    let a = a.trim();
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        h.parse::<Ipv6Addr>().ok()?;
+        (h, after.strip_prefix(':'))
+    } else {
+        match a.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (a, None),
+        }
+    };
+    if port.is_some_and(|p| p.parse::<u16>().is_err()) {
+        return None;
+    }
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':'));
+    ok.then_some(host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,5 +341,44 @@ mod tests {
             let e = parse(uri).unwrap_err().to_string();
             assert!(e.contains(why), "{uri}: {e}");
         }
+    }
+
+    #[test]
+    fn hosts_against_dns_rebinding() {
+        let none: Vec<String> = Vec::new();
+        let named = vec!["Gateway.example.".to_owned(), "lab:8080".to_owned()];
+        for ok in [
+            None,
+            Some("127.0.0.1:8080"),
+            Some("127.0.0.1"),
+            Some("[::1]:8080"),
+            Some("[::ffff:127.0.0.1]"),
+            Some("192.0.2.7:80"),
+            Some("localhost:8080"),
+            Some("LOCALHOST"),
+        ] {
+            assert!(host_allowed(ok, &none), "{ok:?}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example",
+            "",
+            ":8080",
+            "[::1",
+            "[evil]:80",
+            "user@127.0.0.1",
+            "127.0.0.1:99999",
+            "127.0.0.1/x",
+            "gateway.example",
+        ] {
+            assert!(!host_allowed(Some(bad), &none), "{bad}");
+        }
+        for ok in ["gateway.example", "GATEWAY.example.:8443", "lab", "lab:1"] {
+            assert!(host_allowed(Some(ok), &named), "{ok}");
+        }
+        assert!(!host_allowed(Some("other.example"), &named));
+        assert!(host_allowed(Some("other.example"), &["*".to_owned()]));
     }
 }

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use mintgate_coap::uri::{parse, Host};
+use mintgate_coap::uri::{host_allowed, parse, Host};
 use mintgate_coap::wire::OptionNumber;
 use proptest::prelude::*;
 
@@ -77,5 +77,30 @@ proptest! {
         want.extend(path.into_iter().map(|v| (OptionNumber::URI_PATH, v)));
         want.extend(query.into_iter().map(|v| (OptionNumber::URI_QUERY, v)));
         prop_assert_eq!(u.options, want, "{}", s);
+    }
+
+    /// The Host check is total, allows every IP literal and `localhost`
+    /// with any port, and a name only when listed (or `"*"`).
+    #[test]
+    fn host_check_allows_literals_and_listed_names_only(
+        h in host(),
+        port in proptest::option::of(any::<u16>()),
+        junk in "\\PC{0,40}",
+    ) {
+        let _ = host_allowed(Some(&junk), &[]);
+        let text = match &h {
+            Host::Ip(IpAddr::V6(a)) => format!("[{a}]"),
+            Host::Ip(a) => a.to_string(),
+            Host::Name(n) => n.clone(),
+        };
+        let a = match port {
+            Some(p) => format!("{text}:{p}"),
+            None => text.clone(),
+        };
+        let literal = matches!(h, Host::Ip(_)) || text == "localhost";
+        prop_assert_eq!(host_allowed(Some(&a), &[]), literal, "{}", a);
+        prop_assert!(host_allowed(Some(&a), &[text.to_uppercase()]), "{}", a);
+        prop_assert!(literal || !host_allowed(Some(&a), &[format!("x{text}")]), "{}", a);
+        prop_assert!(host_allowed(Some(&a), &["*".to_owned()]));
     }
 }

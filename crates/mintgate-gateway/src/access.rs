@@ -4,16 +4,23 @@
 //!
 //! | `access.write` | a CoAP write is allowed when it carries |
 //! |---|---|
-//! | `"open"` (default) | nothing |
+//! | absent (the default) | nothing, from loopback only; a write from any other source (or through the HTTP proxy) is refused 4.03 with a text saying how to choose a mode |
+//! | `"open"` | nothing |
 //! | `"token"` | an Access-Token option ([`ACCESS_TOKEN`]) equal to one of `access.tokens` |
 //! | `"dtls"` | a DTLS identity (the peer authenticated by the coaps listener), one of `access.identities` when that list is not empty |
+//!
+//! The mode is absent until the owner chooses one: a fresh install takes
+//! writes from loopback only ([`WriteMode::Unset`], refusal counted as
+//! `write_mode_unset`), so that `mintgate serve` on `[::]:5683` does not
+//! hand every host on the network its actuators and links.
 //!
 //! Whatever the mode, a write to an admin resource ([`ADMIN_PATHS`]: the
 //! direct path's `/links`) from a source that is not on loopback is refused
 //! unless `access.admin_remote` is set or the write was authenticated (a
 //! valid token or DTLS identity). Refusals are answered 4.01 Unauthorized
 //! (no or wrong credentials) or 4.03 Forbidden (an admin write from the
-//! network, a DTLS identity not in the list), and counted by reason
+//! network, a DTLS identity not in the list, no mode chosen), and counted
+//! by reason
 //! (`mintgate_access_refused_total`). Reads are never checked.
 //!
 //! The HTTP proxy applies the same policy to HTTP writes (a bearer token in
@@ -53,8 +60,14 @@ pub const ADMIN_PATHS: &[&str] = &["links"];
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WriteMode {
-    /// Nothing (admin writes from loopback only, see `admin_remote`).
+    /// Not chosen (the key is absent, as on a fresh install): writes are
+    /// taken from loopback only, so that a gateway put on a network is not
+    /// writable by everyone on it before its owner has said so. Not
+    /// spelled in a file.
     #[default]
+    #[serde(skip)]
+    Unset,
+    /// Nothing (admin writes from loopback only, see `admin_remote`).
     Open,
     /// A token: CoAP Access-Token option, HTTP bearer token.
     Token,
@@ -62,11 +75,48 @@ pub enum WriteMode {
     Dtls,
 }
 
+impl WriteMode {
+    /// Whether the owner has not chosen a mode yet.
+    pub fn is_unset(&self) -> bool {
+        *self == WriteMode::Unset
+    }
+}
+
+/// What a write refused for want of a chosen `access.write` is told, HTTP
+/// and CoAP alike.
+pub const UNSET_WHY: &str = "writes from other hosts (and through the HTTP proxy) are refused \
+until the gateway's owner chooses who may write: set access.write = \"open\", \"token\" or \
+\"dtls\" in the [access] section of the config (see docs/security.md)";
+
+/// The warning `mintgate serve` and `mintgate proxy` log once at start when
+/// `access.write` is not chosen and one of `listeners` is not on loopback
+/// (an unspecified address counts as not on loopback).
+pub fn unset_warning(access: &AccessSection, listeners: &[SocketAddr]) -> Option<String> {
+    if !access.write.is_unset() {
+        return None;
+    }
+    let open: Vec<String> = listeners
+        .iter()
+        .filter(|a| !a.ip().to_canonical().is_loopback())
+        .map(SocketAddr::to_string)
+        .collect();
+    (!open.is_empty()).then(|| {
+        format!(
+            "listening on {} with access.write not chosen: writes from other hosts and \
+             through the HTTP proxy are refused (4.03 / 403) until [access] write = \
+             \"open\", \"token\" or \"dtls\" is set; reads are served (docs/security.md)",
+            open.join(", ")
+        )
+    })
+}
+
 /// `[access]`: who may write.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessSection {
-    /// What a write must carry: `"open"`, `"token"` or `"dtls"`.
+    /// What a write must carry: `"open"`, `"token"` or `"dtls"`; absent:
+    /// [`WriteMode::Unset`].
+    #[serde(skip_serializing_if = "WriteMode::is_unset")]
     pub write: WriteMode,
     /// Tokens accepted for writes (`write = "token"`).
     pub tokens: Vec<String>,
@@ -114,6 +164,12 @@ impl AccessSection {
                 format!("{a}: give the proxy's upstream_bind, a loopback or unspecified address with its port"),
             );
         }
+        if self.write.is_unset() && !self.tokens.is_empty() {
+            return v(
+                "access.tokens",
+                "tokens are used only with write = \"token\": set access.write".into(),
+            );
+        }
         if self.identities.iter().any(String::is_empty) {
             return v("access.identities", "an identity may not be empty".into());
         }
@@ -147,15 +203,19 @@ pub enum Refusal {
     UnknownIdentity,
     /// An unauthenticated admin write from a source not on loopback.
     NotLoopback,
+    /// A write from a source not on loopback while `access.write` is not
+    /// chosen.
+    WriteModeUnset,
 }
 
 impl Refusal {
     /// Every reason, for the metrics.
-    pub const ALL: [Refusal; 4] = [
+    pub const ALL: [Refusal; 5] = [
         Refusal::NoCredentials,
         Refusal::BadToken,
         Refusal::UnknownIdentity,
         Refusal::NotLoopback,
+        Refusal::WriteModeUnset,
     ];
 
     /// The label of `mintgate_access_refused_total`.
@@ -165,6 +225,7 @@ impl Refusal {
             Refusal::BadToken => "bad_token",
             Refusal::UnknownIdentity => "unknown_identity",
             Refusal::NotLoopback => "admin_not_loopback",
+            Refusal::WriteModeUnset => "write_mode_unset",
         }
     }
 
@@ -172,7 +233,9 @@ impl Refusal {
     pub fn code(self) -> Code {
         match self {
             Refusal::NoCredentials | Refusal::BadToken => Code::UNAUTHORIZED,
-            Refusal::UnknownIdentity | Refusal::NotLoopback => Code::FORBIDDEN,
+            Refusal::UnknownIdentity | Refusal::NotLoopback | Refusal::WriteModeUnset => {
+                Code::FORBIDDEN
+            }
         }
     }
 
@@ -183,6 +246,7 @@ impl Refusal {
             (Refusal::BadToken, _) => "the access token is not valid",
             (Refusal::UnknownIdentity, _) => "this DTLS identity may not write",
             (Refusal::NotLoopback, _) => "admin writes are taken from loopback only",
+            (Refusal::WriteModeUnset, _) => UNSET_WHY,
         }
     }
 }
@@ -199,7 +263,7 @@ pub fn is_write(code: Code) -> bool {
 #[derive(Debug, Default)]
 pub struct AccessPolicy {
     cfg: AccessSection,
-    refused: [AtomicU64; 4],
+    refused: [AtomicU64; Refusal::ALL.len()],
     /// Local sockets of HTTP proxies forwarding to this gateway; requests
     /// from them are never taken as loopback.
     proxied: RwLock<Vec<SocketAddr>>,
@@ -264,7 +328,8 @@ impl AccessPolicy {
         identity: Option<&str>,
     ) -> Result<(), Refusal> {
         let authenticated = match self.cfg.write {
-            WriteMode::Open => false,
+            WriteMode::Unset if !local => return Err(Refusal::WriteModeUnset),
+            WriteMode::Unset | WriteMode::Open => false,
             WriteMode::Token => match token {
                 None => return Err(Refusal::NoCredentials),
                 Some(t) if !self.cfg.token_ok(t) => return Err(Refusal::BadToken),
@@ -362,6 +427,31 @@ mod tests {
         })
     }
 
+    /// [`AccessPolicy::check`] of a CON request `code` to the one-segment
+    /// path `path` from `peer`, without a DTLS identity.
+    fn check_from(p: &AccessPolicy, code: Code, path: &[u8], peer: &str) -> Result<(), Refusal> {
+        let mut buf = vec![0u8; 128];
+        let mut w = mintgate_coap::wire::MessageWriter::new(
+            &mut buf,
+            mintgate_coap::wire::MessageType::Con,
+            code,
+            1,
+            b"t",
+        )
+        .unwrap();
+        w.option(OptionNumber::URI_PATH, path).unwrap();
+        let n = w.finish();
+        let pkt = mintgate_coap::wire::Packet::new_checked(&buf[..n]).unwrap();
+        p.check(
+            &Request {
+                peer: peer.parse().unwrap(),
+                packet: &pkt,
+                identity: None,
+            },
+            None,
+        )
+    }
+
     #[test]
     fn modes_decide_as_documented() {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
@@ -445,29 +535,10 @@ mod tests {
         // Through check: an unauthenticated admin write from the proxy's
         // socket is refused and counted; the same from another loopback
         // port is allowed.
-        let mut buf = vec![0u8; 128];
-        let mut w = mintgate_coap::wire::MessageWriter::new(
-            &mut buf,
-            mintgate_coap::wire::MessageType::Con,
-            Code::POST,
-            1,
-            b"t",
-        )
-        .unwrap();
-        w.option(OptionNumber::URI_PATH, b"links").unwrap();
-        let n = w.finish();
-        let pkt = mintgate_coap::wire::Packet::new_checked(&buf[..n]).unwrap();
-        let req = |peer: &str| Request {
-            peer: peer.parse().unwrap(),
-            packet: &pkt,
-            identity: None,
-        };
-        assert_eq!(
-            p.check(&req("127.0.0.1:40000"), None),
-            Err(Refusal::NotLoopback)
-        );
+        let post = |peer| check_from(&p, Code::POST, b"links", peer);
+        assert_eq!(post("127.0.0.1:40000"), Err(Refusal::NotLoopback));
         assert_eq!(p.refused(Refusal::NotLoopback), 1);
-        assert_eq!(p.check(&req("127.0.0.1:40001"), None), Ok(()));
+        assert_eq!(post("127.0.0.1:40001"), Ok(()));
         let tok = policy(WriteMode::Token);
         tok.add_proxy_source(up);
         assert_eq!(
@@ -475,6 +546,84 @@ mod tests {
             Ok(()),
             "a token the proxy forwards still authenticates"
         );
+    }
+
+    #[test]
+    fn an_unchosen_mode_takes_writes_from_loopback_only() {
+        let p = AccessPolicy::new(AccessSection::default());
+        assert_eq!(p.config().write, WriteMode::Unset);
+        let lo: IpAddr = "127.0.0.2".parse().unwrap();
+        let v6: IpAddr = "::1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let lan: IpAddr = "192.0.2.7".parse().unwrap();
+        for ip in [lo, v6, mapped] {
+            assert_eq!(p.decide(ip, false, None, None), Ok(()), "{ip}");
+            assert_eq!(p.decide(ip, true, None, None), Ok(()), "{ip}: /links");
+        }
+        for (admin, token, id) in [
+            (false, None, None),
+            (true, None, None),
+            (false, Some(&b"s3cret"[..]), None),
+            (false, None, Some("sensor-1")),
+        ] {
+            assert_eq!(
+                p.decide(lan, admin, token, id),
+                Err(Refusal::WriteModeUnset),
+                "no credential stands for a choice of mode"
+            );
+        }
+        assert_eq!(Refusal::WriteModeUnset.code(), Code::FORBIDDEN);
+        // the answer says how to choose
+        let why = Refusal::WriteModeUnset.why(WriteMode::Unset);
+        for word in ["access.write", "\"open\"", "\"token\"", "\"dtls\""] {
+            assert!(why.contains(word), "{why}");
+        }
+        // a proxied write counts as remote: refused and counted
+        let up: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        p.add_proxy_source(up);
+        let put = |peer| check_from(&p, Code::PUT, b"actuators", peer);
+        assert_eq!(put("127.0.0.1:40000"), Err(Refusal::WriteModeUnset));
+        assert_eq!(put("127.0.0.1:40001"), Ok(()));
+        assert_eq!(p.refused(Refusal::WriteModeUnset), 1);
+        let mut text = String::new();
+        p.render_metrics(&mut text);
+        assert!(
+            text.contains("mintgate_access_refused_total{reason=\"write_mode_unset\"} 1"),
+            "{text}"
+        );
+        // an explicit "open" takes the same write from the network
+        let open = policy(WriteMode::Open);
+        assert_eq!(open.decide(lan, false, None, None), Ok(()));
+    }
+
+    #[test]
+    fn the_unset_mode_is_absent_from_files_and_warned_about() {
+        let s = AccessSection::default();
+        assert!(s.write.is_unset());
+        let text = toml::to_string(&s).unwrap();
+        assert!(!text.contains("write"), "{text}");
+        let back: AccessSection = toml::from_str(&text).unwrap();
+        assert!(back.write.is_unset());
+        let open: AccessSection = toml::from_str("write = \"open\"").unwrap();
+        assert_eq!(open.write, WriteMode::Open);
+        assert!(toml::to_string(&open).unwrap().contains("write = \"open\""));
+        assert!(
+            toml::from_str::<AccessSection>("write = \"unset\"").is_err(),
+            "not a mode one can choose"
+        );
+        let lo: SocketAddr = "127.0.0.1:5683".parse().unwrap();
+        let any: SocketAddr = "[::]:5683".parse().unwrap();
+        assert_eq!(unset_warning(&s, &[lo]), None);
+        let w = unset_warning(&s, &[lo, any]).unwrap();
+        assert!(w.contains("[::]:5683") && !w.contains("127.0.0.1"), "{w}");
+        assert_eq!(unset_warning(&open, &[any]), None);
+        // tokens without a mode are a mistake, said at once
+        let t: AccessSection = toml::from_str("tokens = [\"x\"]").unwrap();
+        assert!(t
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("access.write"));
     }
 
     #[test]

@@ -480,6 +480,11 @@ pub struct ProxySection {
     /// port). A fixed one lets a gateway in another process list it in
     /// `access.proxy_sources`.
     pub upstream_bind: Option<SocketAddr>,
+    /// Host names (besides IP literals and `localhost`) that requests to
+    /// the dashboard, on this and the metrics listener, and writes through
+    /// the proxy may carry in `Host`; others get 403 (DNS rebinding). `"*"`:
+    /// any.
+    pub allowed_hosts: Vec<String>,
     /// HTTP/3 certificate chain (PEM); with `tls_key`. Absent: self-signed.
     pub tls_cert: Option<std::path::PathBuf>,
     /// HTTP/3 private key (PEM).
@@ -531,6 +536,7 @@ impl Default for ProxySection {
             header_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
             upstream_bind: None,
+            allowed_hosts: Vec::new(),
             tls_cert: None,
             tls_key: None,
             tls_dir: "mintgate-tls".into(),

@@ -13,10 +13,17 @@
 //! The router is merged into the HTTP proxy's listener and the metrics
 //! endpoint. It answers loopback clients only unless
 //! `dashboard.allow_remote` is set: the proxy's listener may face the
-//! network, and the page shows the gateway's internals.
+//! network, and the page shows the gateway's internals. It also answers
+//! only requests whose `Host` names the gateway
+//! ([`mintgate_coap::uri::host_allowed`]: an IP literal, `localhost` or
+//! one of `proxy.allowed_hosts`), so that a web page whose name is made to
+//! resolve to 127.0.0.1 (DNS rebinding) cannot read `/api/state` through
+//! the browser of someone on the gateway's host. Refusals are counted in
+//! `mintgate_dashboard_refused_total{reason}`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, StatusCode};
@@ -39,33 +46,89 @@ pub const SERIES_SECONDS: usize = 120;
 
 /// `/`, `/dashboard.js` and `/api/state` for the gateway behind `gw`.
 pub fn router(gw: GatewayHandle) -> Router {
-    let allow_remote = gw.config().dashboard.allow_remote;
+    let guard = Arc::new(Guard {
+        allow_remote: gw.config().dashboard.allow_remote,
+        allowed_hosts: gw.config().proxy.allowed_hosts.clone(),
+        gw: gw.clone(),
+    });
     Router::new()
         .route("/", get(index))
         .route("/dashboard.js", get(script))
         .route("/api/state", get(state))
         .with_state(gw)
         .layer(axum::middleware::from_fn(
-            move |req: Request, next: Next| admin_only(allow_remote, req, next),
+            move |req: Request, next: Next| admin_only(guard.clone(), req, next),
         ))
 }
 
-/// Refuses clients that are not on loopback unless `allow_remote`. A
+/// Who the dashboard answers.
+struct Guard {
+    allow_remote: bool,
+    allowed_hosts: Vec<String>,
+    gw: GatewayHandle,
+}
+
+/// Requests the dashboard refused, by reason.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    /// A client not on loopback (`dashboard.allow_remote` off).
+    pub not_loopback: AtomicU64,
+    /// A `Host` that does not name the gateway (DNS rebinding).
+    pub host: AtomicU64,
+}
+
+impl Refusals {
+    /// `mintgate_dashboard_refused_total` in the Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            out,
+            "# HELP mintgate_dashboard_refused_total Dashboard requests refused, by reason.\n\
+             # TYPE mintgate_dashboard_refused_total counter\n\
+             mintgate_dashboard_refused_total{{reason=\"not_loopback\"}} {}\n\
+             mintgate_dashboard_refused_total{{reason=\"host\"}} {}",
+            self.not_loopback.load(Relaxed),
+            self.host.load(Relaxed)
+        );
+    }
+}
+
+/// Refuses clients that are not on loopback unless `allow_remote`, and
+/// requests whose `Host` (or authority) does not name the gateway. A
 /// request without a peer address (a server that does not give one) is
 /// refused too: both of mintgate's listeners give it.
-async fn admin_only(allow_remote: bool, req: Request, next: Next) -> Response {
+async fn admin_only(g: Arc<Guard>, req: Request, next: Next) -> Response {
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip().to_canonical());
-    if allow_remote || peer.is_some_and(|ip| ip.is_loopback()) {
-        return next.run(req).await;
+    let counts = g.gw.dashboard_refusals();
+    if !(g.allow_remote || peer.is_some_and(|ip| ip.is_loopback())) {
+        counts.not_loopback.fetch_add(1, Relaxed);
+        return (
+            StatusCode::FORBIDDEN,
+            "the dashboard answers loopback clients only (dashboard.allow_remote)\n",
+        )
+            .into_response();
     }
-    (
-        StatusCode::FORBIDDEN,
-        "the dashboard answers loopback clients only (dashboard.allow_remote)\n",
-    )
-        .into_response()
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{fffd}"))
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    if !mintgate_coap::uri::host_allowed(host, &g.allowed_hosts) {
+        counts.host.fetch_add(1, Relaxed);
+        return (
+            StatusCode::FORBIDDEN,
+            format!(
+                "the dashboard does not answer for the host {:?}: use its address or \
+                 localhost, or add the name to proxy.allowed_hosts\n",
+                host.unwrap_or_default()
+            ),
+        )
+            .into_response();
+    }
+    next.run(req).await
 }
 
 async fn index() -> impl IntoResponse {
@@ -197,6 +260,60 @@ mod tests {
         let gw = gateway(true);
         let (s, _) = get_from(router(gw.handle()), "/api/state", Some("192.0.2.7:1")).await;
         assert_eq!(s, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn answers_only_for_its_own_host_names() {
+        let mut cfg = Config::default();
+        cfg.coap.bind = vec!["127.0.0.1:0".parse().unwrap()];
+        cfg.proxy.allowed_hosts = vec!["gw.example".into()];
+        let gw = Gateway::start(cfg.clone(), resources::router_for(&cfg)).unwrap();
+        let app = router(gw.handle());
+        let with_host = |host: &'static str| {
+            let mut req = Request::builder()
+                .uri("/api/state")
+                .header(header::HOST, host)
+                .body(Body::empty())
+                .unwrap();
+            req.extensions_mut().insert(ConnectInfo(
+                "127.0.0.1:40000".parse::<SocketAddr>().unwrap(),
+            ));
+            app.clone().oneshot(req)
+        };
+        for ok in [
+            "127.0.0.1:9464",
+            "[::1]:8080",
+            "localhost:8080",
+            "GW.example",
+        ] {
+            assert_eq!(
+                with_host(ok).await.unwrap().status(),
+                StatusCode::OK,
+                "{ok}"
+            );
+        }
+        for bad in [
+            "evil.example:8080",
+            "127.0.0.1.nip.io",
+            "localhost.evil.example",
+        ] {
+            let r = with_host(bad).await.unwrap();
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{bad}");
+            let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+            assert!(
+                String::from_utf8_lossy(&body).contains("proxy.allowed_hosts"),
+                "{body:?}"
+            );
+        }
+        // no Host at all (HTTP/1.0): not a browser
+        let (s, _) = get_from(app, "/api/state", Some("127.0.0.1:1")).await;
+        assert_eq!(s, StatusCode::OK);
+        let mut text = String::new();
+        gw.handle().dashboard_refusals().render_metrics(&mut text);
+        assert!(
+            text.contains("mintgate_dashboard_refused_total{reason=\"host\"} 3"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -106,6 +106,8 @@ struct Shared {
     started: Instant,
     /// Who may write (`[access]`).
     access: crate::access::AccessPolicy,
+    /// Requests the dashboard refused.
+    dashboard_refused: crate::dashboard::Refusals,
 }
 
 /// Writes metric families in the Prometheus text format.
@@ -205,6 +207,7 @@ impl Gateway {
             state_sources: RwLock::new(Vec::new()),
             started: Instant::now(),
             access: crate::access::AccessPolicy::new(cfg.access.clone()),
+            dashboard_refused: Default::default(),
             cfg,
         });
         {
@@ -540,6 +543,7 @@ impl GatewayHandle {
             .collect();
         crate::dtls::render_metrics(&dtls, out);
         self.shared.access.render_metrics(out);
+        self.shared.dashboard_refused.render_metrics(out);
         for f in self.shared.metrics_sources.read().iter() {
             f(out);
         }
@@ -554,6 +558,11 @@ impl GatewayHandle {
     /// The write policy (`[access]`) and its refusal counters.
     pub fn access(&self) -> &crate::access::AccessPolicy {
         &self.shared.access
+    }
+
+    /// Requests the dashboard refused, by reason.
+    pub fn dashboard_refusals(&self) -> &crate::dashboard::Refusals {
+        &self.shared.dashboard_refused
     }
 
     /// Time since the gateway started.

@@ -73,6 +73,9 @@ pub struct ProxyConfig {
     pub tls: TlsConfig,
     /// What writes (any method but GET, HEAD and OPTIONS) need.
     pub write_auth: WriteAuth,
+    /// Names a write's `Host` may carry besides IP literals and
+    /// `localhost` (`mintgate_coap::uri::host_allowed`; `"*"`: any).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// What an HTTP write needs (the gateway's `[access]` policy, HTTP side).
@@ -94,6 +97,12 @@ pub enum WriteAuth {
     /// Refused (401): writes need a credential HTTP cannot carry (a DTLS
     /// identity).
     Refuse,
+    /// Taken from clients on loopback only (403 for others, with `why`):
+    /// the gateway's owner has not chosen a write policy yet.
+    LoopbackOnly {
+        /// The refusal's text, which says how to choose.
+        why: String,
+    },
 }
 
 /// Certificates for the HTTP/3 listener.
@@ -145,6 +154,7 @@ impl Default for ProxyConfig {
                 ..TlsConfig::default()
             },
             write_auth: WriteAuth::Open,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -206,6 +216,16 @@ impl ProxyConfig {
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return e("tls", "cert and key go together".into());
+        }
+        if let Some(h) = self
+            .allowed_hosts
+            .iter()
+            .find(|h| *h != "*" && mintgate_coap::uri::authority_host(h).is_none())
+        {
+            return e(
+                "allowed_hosts",
+                format!("{h:?} is not a host name (letters, digits, '-', '.', '_'), an IP literal or \"*\""),
+            );
         }
         if self.bearer_tokens.iter().any(|t| t.is_empty()) {
             return e("bearer_tokens", "a token may not be empty".into());

@@ -6,8 +6,10 @@
 //! 1. per-client rate limit (429 with Retry-After);
 //! 2. bearer token when tokens are configured (401 with a challenge), and
 //!    for writes (methods other than GET, HEAD, OPTIONS): a browser's
-//!    cross-site request is refused ([`cross_site`]; 403), then the write
-//!    policy ([`WriteAuth`]; 401);
+//!    cross-site request is refused ([`cross_site`]; 403), so is one whose
+//!    `Host` is not a name of the proxy (DNS rebinding; 403), then the write
+//!    policy ([`WriteAuth`]; 401, or 403 for a client not on loopback while
+//!    the gateway's owner has chosen none);
 //! 3. target length (414), target form (`/hc/...` or a reverse prefix; 404
 //!    when neither, 400/501 when malformed);
 //! 4. the upstream must be allowed (403);
@@ -57,10 +59,17 @@ pub struct ProxyStats {
     pub rate_limited: AtomicU64,
     /// Refused: authentication.
     pub unauthorized: AtomicU64,
-    /// Of those, writes refused by the write policy.
+    /// Writes refused by the write policy (401, and 403 while no policy is
+    /// chosen).
     pub write_refused: AtomicU64,
+    /// Of those, writes from clients not on loopback while no write policy
+    /// is chosen ([`WriteAuth::LoopbackOnly`], 403).
+    pub write_mode_unset: AtomicU64,
     /// Refused: a browser's cross-site write (Origin, Sec-Fetch-Site).
     pub cross_site: AtomicU64,
+    /// Refused: a write whose `Host` is not one of the proxy's names (DNS
+    /// rebinding; `allowed_hosts`).
+    pub bad_host: AtomicU64,
     /// Refused: upstream not allowed.
     pub forbidden: AtomicU64,
     /// Refused: unsafe method in early data.
@@ -210,8 +219,26 @@ impl Proxy {
                 self.stats.cross_site.fetch_add(1, Relaxed);
                 return Err(ProxyError::new(StatusCode::FORBIDDEN, why));
             }
+            if !mintgate_coap::uri::host_allowed(own, &self.cfg.allowed_hosts) {
+                self.stats.bad_host.fetch_add(1, Relaxed);
+                return Err(ProxyError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "a write for the host {:?} is refused: not a name of this proxy \
+                         (proxy.allowed_hosts)",
+                        own.unwrap_or_default()
+                    ),
+                ));
+            }
+            if let WriteAuth::LoopbackOnly { why } = &self.cfg.write_auth {
+                if !client.addr.to_canonical().is_loopback() {
+                    self.stats.write_refused.fetch_add(1, Relaxed);
+                    self.stats.write_mode_unset.fetch_add(1, Relaxed);
+                    return Err(ProxyError::new(StatusCode::FORBIDDEN, why.clone()));
+                }
+            }
             let refused = match &self.cfg.write_auth {
-                WriteAuth::Open => None,
+                WriteAuth::Open | WriteAuth::LoopbackOnly { .. } => None,
                 WriteAuth::Bearer { .. } if write_token.is_some() => None,
                 WriteAuth::Bearer { .. } => Some("writes need a valid bearer token"),
                 WriteAuth::Refuse => Some(

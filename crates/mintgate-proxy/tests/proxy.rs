@@ -933,3 +933,50 @@ fn cross_site_browser_writes_are_refused() {
         assert_eq!(e.status, StatusCode::OK);
     });
 }
+
+/// `WriteAuth::LoopbackOnly` (the gateway's `access.write` not chosen):
+/// writes from loopback clients pass, over a real socket (HTTP/1.1 and
+/// HTTP/3); the same write from a client elsewhere is refused 403 with the
+/// configured text and counted, and reads from it are served. (No source
+/// off loopback exists here, so that client is given to `Proxy::handle`.)
+#[test]
+fn loopback_only_writes_refuse_other_clients() {
+    let coap = FakeCoap::start();
+    let mut cfg = config(&coap);
+    cfg.write_auth = mintgate_proxy::WriteAuth::LoopbackOnly {
+        why: "choose access.write".into(),
+    };
+    let srv = start(cfg);
+    let rt = rt();
+    rt.block_on(async {
+        for proto in [Proto::H1, Proto::H3] {
+            let mut c = HttpClient::new(opts(proto, false, &srv), addr(&srv, proto), None).unwrap();
+            let e = req(&mut c, Method::POST, &coap.uri("echo"), &[], "x").await;
+            assert!(e.status.is_success(), "{proto:?}: {:?}", e.status);
+        }
+        let p = srv.proxy();
+        let uri: http::Uri = coap.uri("echo").parse().unwrap();
+        let far = mintgate_proxy::ClientInfo {
+            addr: "192.0.2.7".parse().unwrap(),
+            early_data: false,
+        };
+        for m in [Method::PUT, Method::POST, Method::DELETE] {
+            let r = p
+                .handle(far, &m, &uri, &HeaderMap::new(), Bytes::from_static(b"x"))
+                .await;
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{m}");
+            assert!(
+                String::from_utf8_lossy(r.body()).contains("choose access.write"),
+                "{:?}",
+                r.body()
+            );
+        }
+        let r = p
+            .handle(far, &Method::GET, &uri, &HeaderMap::new(), Bytes::new())
+            .await;
+        assert!(r.status().is_success(), "{:?}", r.status());
+        assert_eq!(p.stats().write_mode_unset.load(Relaxed), 3);
+        assert_eq!(p.stats().write_refused.load(Relaxed), 3);
+        assert_eq!(p.stats().unauthorized.load(Relaxed), 0);
+    });
+}

@@ -202,8 +202,14 @@ pub fn http(
 ) -> (u16, String, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Host: 127.0.0.1 unless the caller gives one
+    let host = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        ""
+    } else {
+        "Host: 127.0.0.1\r\n"
+    };
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\n{host}Connection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
     for (k, v) in headers {
