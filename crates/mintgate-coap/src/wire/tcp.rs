@@ -572,8 +572,9 @@ impl<'a> Signal<'a> {
         Ok(sig)
     }
 
-    /// Appends the message as a frame to `out` (signals carry no token).
-    pub fn emit_vec(&self, framing: Framing, out: &mut Vec<u8>) {
+    /// Appends the message as a frame with `token` to `out` (a Pong takes
+    /// its Ping's token; the other signals usually have none).
+    pub fn emit_vec(&self, framing: Framing, token: &[u8], out: &mut Vec<u8>) {
         use signal_option::*;
         let mut b = [0u8; 4];
         let mut options = Vec::new();
@@ -644,11 +645,11 @@ impl<'a> Signal<'a> {
         };
         let repr = TcpRepr {
             code,
-            token: &[],
+            token,
             options,
             payload,
         };
-        // cannot fail: no token, options in order, the vector grows
+        // fails only for a token over 8 bytes: nothing is written then
         let _ = repr.emit_vec(framing, out);
     }
 }
@@ -766,9 +767,10 @@ mod tests {
         ] {
             for f in [Framing::Stream, Framing::WebSocket] {
                 let mut v = Vec::new();
-                s.emit_vec(f, &mut v);
+                s.emit_vec(f, b"tk", &mut v);
                 let p = TcpPacket::new_checked(&v[..], f).unwrap();
                 assert!(p.is_signal());
+                assert_eq!(p.token(), b"tk");
                 assert_eq!(Signal::parse(&p), Ok(s));
             }
         }
