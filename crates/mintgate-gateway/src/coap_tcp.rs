@@ -108,9 +108,9 @@ impl TcpServer {
         let listeners = binds
             .iter()
             .map(|a| {
-                let l = TcpListener::bind(a)?;
-                l.set_nonblocking(true)?;
-                Ok(l)
+                // blocking: a connection is taken the moment it comes;
+                // stop() wakes the thread with a connection of its own
+                TcpListener::bind(a)
             })
             .collect::<io::Result<Vec<_>>>()?;
         let addrs = listeners
@@ -156,6 +156,16 @@ impl TcpServer {
     /// tick.
     pub fn stop(&mut self) {
         self.stop.store(true, Relaxed);
+        for a in &self.addrs {
+            let mut to = *a;
+            if to.ip().is_unspecified() {
+                to.set_ip(match to {
+                    SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                    SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                });
+            }
+            let _ = TcpStream::connect_timeout(&to, Duration::from_secs(1));
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -172,6 +182,7 @@ fn accept_loop(sh: &Arc<Shared>, l: TcpListener) {
     let mut conns: Vec<JoinHandle<()>> = Vec::new();
     while !sh.stop.load(Relaxed) {
         match l.accept() {
+            Ok(_) if sh.stop.load(Relaxed) => break,
             Ok((s, peer)) => {
                 conns.retain(|t| !t.is_finished());
                 let Some(slot) = admit(sh, peer) else {
@@ -192,7 +203,6 @@ fn accept_loop(sh: &Arc<Shared>, l: TcpListener) {
                     }
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(TICK / 2),
             Err(e) => {
                 tracing::debug!(error = %e, "coap+tcp accept");
                 std::thread::sleep(TICK / 2);
