@@ -1579,6 +1579,22 @@ bearer_tokens = ["s3cret-bearer"]
                 "[pipeline]\nobserver_samples = 3\n",
                 "pipeline.observer_samples",
             ),
+            (
+                "[coap]\ntcp_max_message_size = 1000\n",
+                "coap.tcp_max_message_size",
+            ),
+            (
+                "[coap]\ntcp_max_per_source = 0\n",
+                "coap.tcp_max_connections",
+            ),
+            (
+                "[coap]\ntcp_frame_timeout_ms = 10\n",
+                "coap.tcp_frame_timeout_ms",
+            ),
+            (
+                "[coap]\ntcp_idle_timeout_s = 0\n",
+                "coap.tcp_idle_timeout_s",
+            ),
         ] {
             let e = Config::from_toml(toml).unwrap_err().to_string();
             assert!(e.contains(key), "{toml}: {e}");
