@@ -63,20 +63,17 @@ pub struct TcpStats {
 impl TcpStats {
     /// The counters in the Prometheus text format.
     pub fn render(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        for (name, kind, help, v) in [
-            ("mintgate_coap_tcp_connections", "gauge", "CoAP-over-TCP connections open.", &self.open),
-            ("mintgate_coap_tcp_accepted_total", "counter", "CoAP-over-TCP connections accepted.", &self.accepted),
-            ("mintgate_coap_tcp_refused_total", "counter", "CoAP-over-TCP connections closed at once (over tcp_max_connections or tcp_max_per_source).", &self.refused),
-            ("mintgate_coap_tcp_aborted_total", "counter", "CoAP-over-TCP connections aborted (malformed frame, frame over Max-Message-Size, no CSM first, bad CSM, stalled frame).", &self.aborted),
-            ("mintgate_coap_tcp_requests_total", "counter", "Requests answered over CoAP over TCP.", &self.requests),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
-                v.load(Relaxed)
-            );
-        }
+        let v = |a: &AtomicU64| a.load(Relaxed);
+        crate::metrics::write_families(
+            out,
+            &[
+                ("mintgate_coap_tcp_connections", "CoAP-over-TCP connections open.", v(&self.open)),
+                ("mintgate_coap_tcp_accepted_total", "CoAP-over-TCP connections accepted.", v(&self.accepted)),
+                ("mintgate_coap_tcp_refused_total", "CoAP-over-TCP connections closed at once (over tcp_max_connections or tcp_max_per_source).", v(&self.refused)),
+                ("mintgate_coap_tcp_aborted_total", "CoAP-over-TCP connections aborted (malformed frame, frame over Max-Message-Size, no CSM first, bad CSM, stalled frame).", v(&self.aborted)),
+                ("mintgate_coap_tcp_requests_total", "Requests answered over CoAP over TCP.", v(&self.requests)),
+            ],
+        );
     }
 }
 
