@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use mintgate_coap::cache::Cache;
 use mintgate_coap::client::blockwise::BlockConfig;
+use mintgate_coap::client::tcp::ClientConnection;
 use mintgate_coap::client::{ClientConfig, Request};
 use mintgate_coap::rto::{Adaptive, Basic, Cocoa, RtoController, TransmissionParams};
-use mintgate_coap::uri::{CoapUri, Host};
+use mintgate_coap::uri::{CoapUri, Host, Scheme};
 use mintgate_coap::wire::{
-    decode_uint, encode_uint, Code, ContentFormat, MessageType, OptionDef, OptionFormat,
-    OptionNumber,
+    decode_uint, encode_uint, Code, ContentFormat, OptionDef, OptionFormat, OptionNumber,
 };
 use mintgate_gateway::outbound::{Outbound, OutboundError, Source};
 
@@ -45,6 +45,10 @@ size is sent with Block1 (in the size the server's 2.31 asks for, if
 smaller), and a block-wise answer is fetched whole through Block2, its
 ETag checked on every block.
 
+coap+tcp://HOST[:PORT]/PATH (port 5683 by default) runs the request over
+CoAP over TCP (RFC 8323): one connection, CSM first, no retransmissions;
+--count repeats it on the same connection.
+
 coaps://HOST[:PORT]/PATH (port 5684 by default) runs the request over
 DTLS 1.2 (RFC 7252 section 9): with --psk-identity and --psk-key
 (pre-shared key), or with --coaps-ca (the server's certificate must chain
@@ -66,6 +70,11 @@ const EXIT_RESET: u8 = 6;
 const EXIT_OTHER: u8 = 1;
 const EXIT_HANDSHAKE: u8 = 7;
 
+/// Default time to wait for a TCP connection and for each response over it.
+const TCP_TIMEOUT: Duration = Duration::from_secs(15);
+/// The Max-Message-Size our CSM announces over TCP.
+const TCP_MAX_MESSAGE_SIZE: u32 = 65000;
+
 /// Default overall timeout of a NON request.
 const NON_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -73,10 +82,10 @@ const NON_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(clap::Args)]
 #[command(after_help = EXIT_CODES)]
 pub struct RequestArgs {
-    /// coap://host[:port]/path?query or coaps://... — host is an IPv4
-    /// address, an IPv6 address in brackets or a name; port defaults to
-    /// 5683 (coaps: 5684); path segments and query parameters are
-    /// percent-decoded.
+    /// coap://host[:port]/path?query, coaps://... or coap+tcp://... — host
+    /// is an IPv4 address, an IPv6 address in brackets or a name; port
+    /// defaults to 5683 (coaps: 5684); path segments and query parameters
+    /// are percent-decoded.
     #[arg(value_name = "URI")]
     uri: String,
     #[command(flatten)]
@@ -238,8 +247,9 @@ struct ExtraOption(OptionNumber, Vec<u8>);
 
 /// Sends one request with `method` and prints the outcome.
 pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
-    let (uri, secure) = mintgate_coap::uri::parse_any(&args.uri)
+    let (uri, scheme) = mintgate_coap::uri::parse_scheme(&args.uri)
         .with_context(|| format!("bad URI '{}'", args.uri))?;
+    let secure = scheme == Scheme::Coaps;
     let dest = resolve(&uri)?;
     if !secure && args.dtls.any() {
         anyhow::bail!("--psk-identity, --coaps-ca and --coaps-cert are for coaps:// URIs only");
@@ -283,6 +293,10 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
             mintgate_gateway::access::ACCESS_TOKEN,
             t.as_bytes().to_vec(),
         ));
+    }
+
+    if scheme == Scheme::CoapTcp {
+        return run_tcp(method, &args, dest, &options, &payload);
     }
 
     let params = TransmissionParams::default();
@@ -422,28 +436,50 @@ fn one(
         }
     };
     let r = fetched.response;
-    let (code, options, payload) = (r.code, &r.options, &r.payload);
+    let via = match fetched.source {
+        Source::Network if r.exchanges > 1 => format!(", {} exchanges", r.exchanges),
+        Source::Network => String::new(),
+        Source::Cache { age } => format!(", from the cache, {age} s old"),
+        Source::Revalidated => ", from the cache, revalidated".to_string(),
+    };
+    print_response(
+        args,
+        r.code,
+        r.msg_type.name(),
+        &r.options,
+        &r.payload,
+        (r.rtt, r.retransmissions),
+        &via,
+    )
+}
+
+/// Prints a response as the flags ask; returns the exit code of its class.
+fn print_response<V: AsRef<[u8]>>(
+    args: &RequestArgs,
+    code: Code,
+    ty: &str,
+    options: &[(OptionNumber, V)],
+    payload: &[u8],
+    (rtt, retransmissions): (Duration, u32),
+    via: &str,
+) -> anyhow::Result<ExitCode> {
     if args.verbose {
-        let via = match fetched.source {
-            Source::Network if r.exchanges > 1 => format!(", {} exchanges", r.exchanges),
-            Source::Network => String::new(),
-            Source::Cache { age } => format!(", from the cache, {age} s old"),
-            Source::Revalidated => ", from the cache, revalidated".to_string(),
-        };
         eprintln!(
-            "<- {} {code} ({}, {} retransmission{}{via})",
-            r.msg_type.name(),
-            fmt_duration(r.rtt),
-            r.retransmissions,
-            if r.retransmissions == 1 { "" } else { "s" },
+            "<- {ty} {code} ({}, {retransmissions} retransmission{}{via})",
+            fmt_duration(rtt),
+            if retransmissions == 1 { "" } else { "s" },
         );
         for (n, v) in options {
-            eprintln!("   {}: {}", option_name(*n), option_value_text(*n, v));
+            eprintln!(
+                "   {}: {}",
+                option_name(*n),
+                option_value_text(*n, v.as_ref())
+            );
         }
     }
     let mut stdout = io::stdout().lock();
     if args.json {
-        let j = json_response(code, r.msg_type, options, payload, r.rtt, r.retransmissions);
+        let j = json_response(code, ty, options, payload, rtt, retransmissions);
         writeln!(stdout, "{j}").context("writing to stdout")?;
     } else {
         if code.class() != 2 && !args.verbose {
@@ -466,6 +502,138 @@ fn one(
         5 => EXIT_SERVER_ERROR,
         _ => EXIT_OTHER,
     }))
+}
+
+/// Sends the request over CoAP over TCP (RFC 8323) `--count` times on one
+/// connection; prints each answer.
+fn run_tcp(
+    method: Code,
+    args: &RequestArgs,
+    dest: SocketAddr,
+    options: &[(OptionNumber, Vec<u8>)],
+    payload: &[u8],
+) -> anyhow::Result<ExitCode> {
+    use std::net::TcpStream;
+    if args.non || args.cache || args.block_size.is_some() {
+        return Err(crate::UsageError(
+            "--non, --cache and --block-size are for coap:// and coaps:// URIs only".into(),
+        )
+        .into());
+    }
+    let overall = args.timeout.unwrap_or(TCP_TIMEOUT);
+    let timed_out = |what: &str, t: Instant| {
+        eprintln!(
+            "mintgate: no {what} from {dest} within {}",
+            fmt_duration(overall.min(t.elapsed()))
+        );
+        Ok(ExitCode::from(EXIT_TIMEOUT))
+    };
+    let start = Instant::now();
+    let mut s = match TcpStream::connect_timeout(&dest, overall) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            eprintln!("mintgate: {dest}: connection refused (nothing listens there)");
+            return Ok(ExitCode::from(EXIT_TIMEOUT));
+        }
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ) =>
+        {
+            return timed_out("connection", start)
+        }
+        Err(e) => return Err(e).with_context(|| format!("connecting to {dest}")),
+    };
+    let _ = s.set_nodelay(true);
+    let mut c = ClientConnection::new(TCP_MAX_MESSAGE_SIZE, rand::random());
+    let mut buf = vec![0u8; 16 << 10];
+    let mut got = Vec::new();
+    let mut status = ExitCode::SUCCESS;
+    for i in 0..args.count {
+        if i > 0 {
+            if let Some(d) = args.interval {
+                std::thread::sleep(d);
+            }
+        }
+        let t0 = Instant::now();
+        let deadline = t0 + overall;
+        let mut token = None;
+        let resp = loop {
+            // the server's CSM first: it may take more (or less) than the
+            // 1152 bytes assumed before it
+            if token.is_none() && c.peer_csm_received() {
+                if args.verbose {
+                    eprintln!(
+                        "-> {} {} ({dest}, TCP, {} byte payload)",
+                        method.name().unwrap_or("?"),
+                        args.uri,
+                        payload.len(),
+                    );
+                }
+                match c.request(method, options, payload) {
+                    Ok(t) => token = Some(t),
+                    Err(e) => {
+                        eprintln!("mintgate: {dest}: {e}");
+                        return Ok(ExitCode::from(EXIT_OTHER));
+                    }
+                }
+            }
+            if c.output().is_empty() {
+                if let Some(at) =
+                    got.iter()
+                        .position(|r: &mintgate_coap::client::tcp::TcpResponse| {
+                            Some(&r.token) == token.as_ref()
+                        })
+                {
+                    break got.swap_remove(at);
+                }
+            } else {
+                s.write_all(c.output())
+                    .with_context(|| format!("writing to {dest}"))?;
+                let n = c.output().len();
+                c.consume_output(n);
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return timed_out("response", t0);
+            }
+            s.set_read_timeout(Some(left))
+                .with_context(|| format!("talking to {dest}"))?;
+            match s.read(&mut buf) {
+                Ok(0) => {
+                    eprintln!("mintgate: {dest} closed the connection");
+                    return Ok(ExitCode::from(EXIT_OTHER));
+                }
+                Ok(n) => {
+                    if let Err(e) = c.receive(&buf[..n], &mut got) {
+                        eprintln!("mintgate: {dest}: {e}");
+                        return Ok(ExitCode::from(EXIT_OTHER));
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return timed_out("response", t0)
+                }
+                Err(e) => return Err(e).with_context(|| format!("talking to {dest}")),
+            }
+        };
+        status = print_response(
+            args,
+            resp.code,
+            "TCP",
+            &resp.options,
+            &resp.payload,
+            (t0.elapsed(), 0),
+            "",
+        )?;
+    }
+    Ok(status)
 }
 
 /// Parses a `coap://` URI for a command ([`mintgate_coap::uri::parse`]).
@@ -619,7 +787,7 @@ fn hex(v: &[u8]) -> String {
 /// One JSON object describing a response.
 fn json_response<V: AsRef<[u8]>>(
     code: Code,
-    ty: MessageType,
+    ty: &str,
     options: &[(OptionNumber, V)],
     payload: &[u8],
     rtt: Duration,
@@ -633,7 +801,7 @@ fn json_response<V: AsRef<[u8]>>(
         code.class(),
         code.detail(),
         code.name().map_or("null".to_string(), json_string),
-        ty.name(),
+        ty,
         rtt.as_secs_f64() * 1e3,
     );
     for (i, (n, v)) in options.iter().enumerate() {
@@ -702,6 +870,7 @@ fn fmt_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mintgate_coap::wire::MessageType;
 
     #[test]
     fn parses_durations_options_and_formats() {
@@ -763,7 +932,7 @@ mod tests {
     fn json_output_is_escaped() {
         let j = json_response(
             Code::CONTENT,
-            MessageType::Ack,
+            MessageType::Ack.name(),
             &[
                 (OptionNumber::CONTENT_FORMAT, vec![50]),
                 (OptionNumber::ETAG, vec![1, 2]),
@@ -784,7 +953,7 @@ mod tests {
         );
         let bin = json_response::<Vec<u8>>(
             Code::CONTENT,
-            MessageType::Non,
+            MessageType::Non.name(),
             &[],
             &[0xff],
             Duration::ZERO,

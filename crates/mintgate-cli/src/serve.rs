@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// CoAP UDP address to listen on, e.g. 127.0.0.1:5683 or [::]:5683 (repeatable; replaces coap.bind).
     #[arg(long, value_name = "ADDR")]
     coap: Vec<SocketAddr>,
+    /// CoAP over TCP (RFC 8323, coap+tcp) address to listen on, e.g.
+    /// 127.0.0.1:5683 (repeatable; replaces coap.tcp_bind).
+    #[arg(long, value_name = "ADDR")]
+    coap_tcp: Vec<SocketAddr>,
     /// coaps (CoAP over DTLS 1.2) UDP address to listen on, e.g.
     /// 127.0.0.1:5684 (repeatable; replaces coaps.bind). Needs a pre-shared
     /// key (--psk-identity and --psk-key) or a certificate (--coaps-cert
@@ -167,6 +171,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     if !a.coap.is_empty() {
         cfg.coap.bind = a.coap.clone();
+    }
+    if !a.coap_tcp.is_empty() {
+        cfg.coap.tcp_bind = a.coap_tcp.clone();
     }
     if !a.coaps.is_empty() {
         cfg.coaps.bind = a.coaps.clone();

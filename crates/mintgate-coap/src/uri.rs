@@ -1,7 +1,8 @@
 // Parses outside input: no indexing that could panic.
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-//! `coap://` URIs (RFC 7252 section 6.4): split into a destination and the
-//! Uri-Host, Uri-Path and Uri-Query options a request carries.
+//! `coap://` URIs (RFC 7252 section 6.4), and `coaps://` and `coap+tcp://`
+//! (RFC 8323 8.1): split into a destination and the Uri-Host, Uri-Path and
+//! Uri-Query options a request carries.
 //!
 //! Pure: a host name is kept as a name; resolving it is the caller's I/O.
 
@@ -62,24 +63,58 @@ pub const DEFAULT_SECURE_PORT: u16 = 5684;
 /// Splits a `coap://host[:port]/path?query` URI into destination and
 /// options, following the steps of RFC 7252 section 6.4.
 pub fn parse(s: &str) -> Result<CoapUri, UriError> {
-    match parse_any(s)? {
-        (u, false) => Ok(u),
-        (_, true) => bail!(
+    match parse_scheme(s)? {
+        (u, Scheme::Coap) => Ok(u),
+        (_, Scheme::Coaps) => bail!(
             "unsupported scheme 'coaps' here: only coap:// (CoAP over UDP, no DTLS) is supported"
         ),
+        (_, Scheme::CoapTcp) => {
+            bail!("unsupported scheme 'coap+tcp' here: only coap:// (CoAP over UDP) is supported")
+        }
     }
 }
 
 /// Like [`parse`], and also takes `coaps://` (CoAP over DTLS, RFC 7252
 /// 6.2; port 5684 when absent): true for a coaps URI.
 pub fn parse_any(s: &str) -> Result<(CoapUri, bool), UriError> {
+    match parse_scheme(s)? {
+        (u, Scheme::Coap) => Ok((u, false)),
+        (u, Scheme::Coaps) => Ok((u, true)),
+        (_, Scheme::CoapTcp) => {
+            bail!("unsupported scheme 'coap+tcp' here: coap:// (CoAP over UDP) or coaps:// (over DTLS)")
+        }
+    }
+}
+
+/// The transport a URI names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    /// `coap://`: UDP.
+    Coap,
+    /// `coaps://`: DTLS (port 5684 when absent).
+    Coaps,
+    /// `coap+tcp://`: TCP (RFC 8323 8.1; port 5683 when absent).
+    CoapTcp,
+}
+
+/// Like [`parse`], for every scheme of [`Scheme`].
+pub fn parse_scheme(s: &str) -> Result<(CoapUri, Scheme), UriError> {
     let Some((scheme, rest)) = s.split_once("://") else {
         bail!("expected coap://host[:port]/path");
     };
-    let secure = scheme.eq_ignore_ascii_case("coaps");
-    if !secure && !scheme.eq_ignore_ascii_case("coap") {
-        bail!("unsupported scheme '{scheme}': coap:// (CoAP over UDP) or coaps:// (over DTLS)");
-    }
+    let kind = if scheme.eq_ignore_ascii_case("coap") {
+        Scheme::Coap
+    } else if scheme.eq_ignore_ascii_case("coaps") {
+        Scheme::Coaps
+    } else if scheme.eq_ignore_ascii_case("coap+tcp") {
+        Scheme::CoapTcp
+    } else {
+        bail!(
+            "unsupported scheme '{scheme}': coap:// (CoAP over UDP), coaps:// (over DTLS) or \
+             coap+tcp:// (over TCP)"
+        );
+    };
+    let secure = kind == Scheme::Coaps;
     if rest.contains('#') {
         bail!("a CoAP URI must not have a fragment ('#...')");
     }
@@ -177,7 +212,7 @@ pub fn parse_any(s: &str) -> Result<(CoapUri, bool), UriError> {
             port,
             options,
         },
-        secure,
+        kind,
     ))
 }
 
@@ -317,6 +352,18 @@ mod tests {
         assert!(!secure);
         assert_eq!(u.port, 7);
         assert_eq!(parse_any("coaps://[::1]:9/").unwrap().0.port, 9);
+    }
+
+    #[test]
+    fn coap_tcp_takes_port_5683_by_default() {
+        let (u, k) = parse_scheme("coap+tcp://127.0.0.1/a?b").unwrap();
+        assert_eq!((k, u.port), (Scheme::CoapTcp, 5683));
+        assert_eq!(opts(&u), [(11, "a".into()), (15, "b".into())]);
+        assert_eq!(parse_scheme("COAP+TCP://[::1]:9/").unwrap().0.port, 9);
+        assert_eq!(parse_scheme("coaps://h/").unwrap().1, Scheme::Coaps);
+        let e = parse_any("coap+tcp://h/").unwrap_err().to_string();
+        assert!(e.contains("'coap+tcp' here"), "{e}");
+        assert!(parse("coap+tcp://h/").is_err());
     }
 
     #[test]

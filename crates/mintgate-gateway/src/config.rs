@@ -842,6 +842,25 @@ pub struct CoapConfig {
     /// A Block1 transfer with no block for this many seconds is dropped
     /// (its next block gets 4.08).
     pub block1_timeout_s: u64,
+    /// TCP addresses to serve CoAP over TCP on (RFC 8323, `coap+tcp`);
+    /// empty (the default) serves none. The usual port is 5683/tcp.
+    pub tcp_bind: Vec<SocketAddr>,
+    /// CoAP-over-TCP connections open at once, all clients together;
+    /// beyond, a new connection is closed at once.
+    pub tcp_max_connections: usize,
+    /// CoAP-over-TCP connections open at once per source (an IPv4 address
+    /// or an IPv6 /64).
+    pub tcp_max_per_source: usize,
+    /// The Max-Message-Size our CSM announces: a larger frame aborts the
+    /// connection before it is read.
+    pub tcp_max_message_size: u32,
+    /// A frame begun and not finished within this many milliseconds aborts
+    /// the connection; a peer that takes no output for as long is
+    /// disconnected.
+    pub tcp_frame_timeout_ms: u64,
+    /// A connection with nothing received for this many seconds gets a
+    /// Release and is closed.
+    pub tcp_idle_timeout_s: u64,
 }
 
 impl Default for CoapConfig {
@@ -875,6 +894,12 @@ impl Default for CoapConfig {
             block1_per_peer: 4,
             block1_per_source_bytes: 256 << 10,
             block1_timeout_s: 60,
+            tcp_bind: Vec::new(),
+            tcp_max_connections: 256,
+            tcp_max_per_source: 16,
+            tcp_max_message_size: 8192,
+            tcp_frame_timeout_ms: 5000,
+            tcp_idle_timeout_s: 300,
         }
     }
 }
@@ -1052,6 +1077,31 @@ impl Config {
                 "coap.max_datagram",
                 format!("{} is outside 64..=65507", self.coap.max_datagram),
             );
+        }
+        let tcp = &self.coap;
+        if tcp.tcp_max_connections == 0 || tcp.tcp_max_per_source == 0 {
+            return v(
+                "coap.tcp_max_connections",
+                "tcp_max_connections and tcp_max_per_source must be at least 1".into(),
+            );
+        }
+        if !(1152..=65000).contains(&tcp.tcp_max_message_size) {
+            return v(
+                "coap.tcp_max_message_size",
+                format!(
+                    "{} is outside 1152..=65000 (RFC 8323: at least the default 1152)",
+                    tcp.tcp_max_message_size
+                ),
+            );
+        }
+        if !(100..=600_000).contains(&tcp.tcp_frame_timeout_ms) {
+            return v(
+                "coap.tcp_frame_timeout_ms",
+                format!("{} is outside 100..=600000", tcp.tcp_frame_timeout_ms),
+            );
+        }
+        if tcp.tcp_idle_timeout_s == 0 {
+            return v("coap.tcp_idle_timeout_s", "must be at least 1".into());
         }
         if self.buffers.partitions.is_empty() {
             return v(
@@ -1534,6 +1584,22 @@ bearer_tokens = ["s3cret-bearer"]
             (
                 "[pipeline]\nobserver_samples = 3\n",
                 "pipeline.observer_samples",
+            ),
+            (
+                "[coap]\ntcp_max_message_size = 1000\n",
+                "coap.tcp_max_message_size",
+            ),
+            (
+                "[coap]\ntcp_max_per_source = 0\n",
+                "coap.tcp_max_connections",
+            ),
+            (
+                "[coap]\ntcp_frame_timeout_ms = 10\n",
+                "coap.tcp_frame_timeout_ms",
+            ),
+            (
+                "[coap]\ntcp_idle_timeout_s = 0\n",
+                "coap.tcp_idle_timeout_s",
             ),
         ] {
             let e = Config::from_toml(toml).unwrap_err().to_string();

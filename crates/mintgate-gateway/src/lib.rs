@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod bridge;
+pub mod coap_tcp;
 pub mod config;
 pub mod dashboard;
 pub mod devices;

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use mintgate_buf::{BlockMut, Layer, Pool};
 use mintgate_coap::server::{
-    Block1Stats, Datagram, DedupSize, DedupStats, Endpoint, Handled, Incoming, PathTaken, Request,
-    Resource, Responded, Router, Transmit,
+    finish_response, Answer, Block1Stats, Datagram, DedupSize, DedupStats, Endpoint, Handled,
+    Incoming, PathTaken, Request, Resource, Responded, Router, Transmit,
 };
 use mintgate_coap::wire::{Code, MessageType, Packet};
 use mintgate_sched::priority::{self, Applied, Priority};
@@ -71,6 +71,14 @@ pub enum StartError {
     /// A thread could not be started.
     #[error("cannot start thread")]
     Thread(#[from] io::Error),
+    /// A CoAP-over-TCP listener could not be bound.
+    #[error("cannot bind coap+tcp {addrs:?}")]
+    BindTcp {
+        /// The addresses (`coap.tcp_bind`).
+        addrs: Vec<SocketAddr>,
+        /// The cause.
+        source: io::Error,
+    },
     /// The configuration is not valid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
@@ -108,6 +116,9 @@ struct Shared {
     access: crate::access::AccessPolicy,
     /// Requests the dashboard refused.
     dashboard_refused: crate::dashboard::Refusals,
+    /// CoAP over TCP (`coap.tcp_bind`): its counters, rendered when it
+    /// serves.
+    tcp_stats: Option<Arc<crate::coap_tcp::TcpStats>>,
 }
 
 /// Writes metric families in the Prometheus text format.
@@ -160,6 +171,8 @@ pub struct Gateway {
     observer: Observer,
     decision: Arc<Mutex<Option<Decision>>>,
     manager: ThreadPoolManager,
+    /// The CoAP-over-TCP listeners, when `coap.tcp_bind` names any.
+    tcp: Option<crate::coap_tcp::TcpServer>,
 }
 
 impl Gateway {
@@ -208,6 +221,7 @@ impl Gateway {
             started: Instant::now(),
             access: crate::access::AccessPolicy::new(cfg.access.clone()),
             dashboard_refused: Default::default(),
+            tcp_stats: (!cfg.coap.tcp_bind.is_empty()).then(Arc::default),
             cfg,
         });
         {
@@ -287,6 +301,32 @@ impl Gateway {
                 .name("coap-notify".into())
                 .spawn(move || fatal_on_panic("notifier", || notify_loop(&sh)))?,
         );
+        let tcp = match &shared.tcp_stats {
+            Some(stats) => {
+                let c = &shared.cfg.coap;
+                let settings = crate::coap_tcp::TcpSettings {
+                    max_connections: c.tcp_max_connections,
+                    max_per_source: c.tcp_max_per_source,
+                    connection: mintgate_coap::server::tcp::ConnectionConfig {
+                        max_message_size: c.tcp_max_message_size,
+                        max_payload: c.max_payload,
+                        frame_timeout: Duration::from_millis(c.tcp_frame_timeout_ms),
+                    },
+                    idle_timeout: Duration::from_secs(c.tcp_idle_timeout_s),
+                };
+                let sh = shared.clone();
+                let serve: crate::coap_tcp::Serve =
+                    Arc::new(move |req: &Request<'_>, _max| serve_reliable(&sh, req));
+                let server =
+                    crate::coap_tcp::TcpServer::start(&c.tcp_bind, settings, serve, stats.clone())
+                        .map_err(|source| StartError::BindTcp {
+                            addrs: c.tcp_bind.clone(),
+                            source,
+                        })?;
+                Some(server)
+            }
+            None => None,
+        };
         let sh = shared.clone();
         let timer = Some(
             std::thread::Builder::new()
@@ -301,7 +341,17 @@ impl Gateway {
             decision,
             manager,
             observer,
+            tcp,
         })
+    }
+
+    /// The bound CoAP-over-TCP addresses (`coap.tcp_bind`, with the ports
+    /// the OS chose for `:0`).
+    pub fn tcp_addrs(&self) -> Vec<SocketAddr> {
+        self.tcp
+            .as_ref()
+            .map(|t| t.local_addrs().to_vec())
+            .unwrap_or_default()
     }
 
     /// The bound listener addresses (with the ports the OS chose for `:0`).
@@ -446,6 +496,9 @@ impl Gateway {
     }
 
     fn stop(&mut self) {
+        if let Some(mut t) = self.tcp.take() {
+            t.stop();
+        }
         self.shared.stop.store(true, Relaxed);
         self.htp.shutdown();
         for r in self.receivers.drain(..) {
@@ -544,6 +597,9 @@ impl GatewayHandle {
         crate::dtls::render_metrics(&dtls, out);
         self.shared.access.render_metrics(out);
         self.shared.dashboard_refused.render_metrics(out);
+        if let Some(t) = &self.shared.tcp_stats {
+            t.render(out);
+        }
         for f in self.shared.metrics_sources.read().iter() {
             f(out);
         }
@@ -1027,23 +1083,7 @@ fn handler_loop(sh: &Shared, w: &Worker) {
             // writes are checked against [access]; the identity is the
             // peer's DTLS identity for requests that came over coaps. A
             // handler that panics answers 5.00; the thread goes on.
-            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                match sh.access.check(&req, req.identity) {
-                    Ok(()) => sh.endpoint.process(job.received, &router, &req),
-                    Err(why) => {
-                        let mut rb = sh.endpoint.builder();
-                        sh.access.answer(why, &mut rb);
-                        Handled::Respond(rb)
-                    }
-                }
-            }))
-            .unwrap_or_else(|_| {
-                sh.handler_panics.fetch_add(1, Relaxed);
-                tracing::error!(peer = %job.peer, "a handler panicked; answered 5.00");
-                let mut rb = sh.endpoint.builder();
-                rb.set_code(Code::INTERNAL_SERVER_ERROR);
-                Handled::Respond(rb)
-            });
+            let handled = handle_guarded(sh, job.received, &router, &req);
             // the time now: a separate response's retransmission timer
             // starts when it is sent, not when the request came
             match sh
@@ -1066,6 +1106,43 @@ fn handler_loop(sh: &Shared, w: &Worker) {
         c.htp_handled.fetch_add(n, Relaxed);
         c.htp_busy_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+    }
+}
+
+/// Runs a request through the access rules and the request layer; a
+/// handler that panics answers 5.00 (counted) and the thread goes on.
+fn handle_guarded(sh: &Shared, now: Instant, router: &Router, req: &Request<'_>) -> Handled {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        match sh.access.check(req, req.identity) {
+            Ok(()) => sh.endpoint.process(now, router, req),
+            Err(why) => {
+                let mut rb = sh.endpoint.builder();
+                sh.access.answer(why, &mut rb);
+                Handled::Respond(rb)
+            }
+        }
+    }))
+    .unwrap_or_else(|_| {
+        sh.handler_panics.fetch_add(1, Relaxed);
+        tracing::error!(peer = %req.peer, "a handler panicked; answered 5.00");
+        let mut rb = sh.endpoint.builder();
+        rb.set_code(Code::INTERNAL_SERVER_ERROR);
+        Handled::Respond(rb)
+    })
+}
+
+/// Answers a request that came over a reliable transport (CoAP over TCP):
+/// the same access rules, router and request layer (Block1 included) as
+/// over UDP, without the message layer's de-duplication, message IDs and
+/// retransmissions, and without Observe registration (a GET with Observe
+/// is answered as a plain GET).
+fn serve_reliable(sh: &Shared, req: &Request<'_>) -> Answer {
+    let router = sh.router.read().clone();
+    match handle_guarded(sh, Instant::now(), &router, req) {
+        Handled::Respond(rb) => {
+            finish_response(&sh.pool, rb, MessageType::Ack, 0, req.packet.token())
+        }
+        Handled::Silent => Answer::Silent,
     }
 }
 

@@ -37,6 +37,7 @@
 
 pub mod blockwise;
 mod exchange;
+pub mod tcp;
 #[cfg(test)]
 mod tests;
 

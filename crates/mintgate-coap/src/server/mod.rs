@@ -16,6 +16,7 @@ pub mod observe;
 mod resource;
 mod response;
 pub mod source;
+pub mod tcp;
 
 pub use block1::{Block1Config, Block1Outcome, Block1Stats, Block1Store};
 pub use dedup::{Dedup, DedupSize, DedupStats, Seen, Weigh, DEFAULT_BYTES_PER_ENTRY};

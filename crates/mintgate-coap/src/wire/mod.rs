@@ -7,10 +7,14 @@
 //! into a caller-provided buffer with no allocation, and [`head_len`] tells in
 //! advance how long the part before the payload will be, so a payload written
 //! first can have its header prepended in place.
+//!
+//! [`tcp`] is the framing of CoAP over TCP, TLS and WebSockets (RFC 8323):
+//! its own header, the same options and payload.
 
 mod code;
 mod option;
 mod packet;
+pub mod tcp;
 mod writer;
 
 pub use code::{Code, MessageType};
@@ -19,6 +23,7 @@ pub use option::{
     RawOption,
 };
 pub use packet::{Packet, ParseError};
+pub use tcp::{Framing, Signal, TcpPacket, TcpRepr};
 pub use writer::{empty_message, head_len, MessageWriter, WriteError};
 
 /// Version number carried in every CoAP message.

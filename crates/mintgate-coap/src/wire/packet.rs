@@ -197,7 +197,13 @@ fn check(b: &[u8]) -> Result<(usize, usize), ParseError> {
     if code.is_reserved() {
         return Err(ParseError::ReservedCode(code));
     }
-    let mut pos = HEADER_LEN + tkl as usize;
+    check_options(b, HEADER_LEN + tkl as usize)
+}
+
+/// Walks the options and payload of `b` from `pos` (just after the token):
+/// returns (end of options, start of payload). Shared with the RFC 8323
+/// framing ([`super::tcp`]), whose options and payload are coded alike.
+pub(crate) fn check_options(b: &[u8], mut pos: usize) -> Result<(usize, usize), ParseError> {
     if pos > b.len() {
         return Err(ParseError::Truncated);
     }

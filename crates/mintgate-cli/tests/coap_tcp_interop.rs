@@ -1,0 +1,324 @@
+//! CoAP over TCP (RFC 8323) between `mintgate serve` / `mintgate get` and
+//! peers no one here wrote: libcoap's `coap-client-notls` and
+//! `coap-server-notls` (Debian libcoap3-bin, 4.3.1) and aiocoap's client
+//! (scripts/test.sh installs it into target/py-venv); then the gateway's
+//! answers to bad input over a raw socket (no CSM first, a frame over its
+//! Max-Message-Size, a half-sent frame) and its per-source bound.
+//!
+//! Under MINTGATE_REQUIRE_PEERS=1 a missing peer fails the test.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_tcp, free_udp, mintgate, tmp_dir, write_config, Serve};
+use mintgate_coap::wire::tcp::frame_len;
+use mintgate_coap::wire::{Code, Framing, Signal, TcpPacket};
+
+fn have(cmd: &str, what: &str) -> bool {
+    let found = Command::new(cmd)
+        .arg("-h")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+            "{cmd} is required (MINTGATE_REQUIRE_PEERS is set) but not on PATH"
+        );
+        eprintln!("skipping: {cmd} ({what}) is not on PATH");
+    }
+    found
+}
+
+fn aiocoap_client() -> Option<std::path::PathBuf> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/py-venv/bin/aiocoap-client");
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+        "aiocoap-client is required (MINTGATE_REQUIRE_PEERS is set) but not in target/py-venv"
+    );
+    eprintln!("skipping aiocoap: target/py-venv/bin/aiocoap-client is missing");
+    None
+}
+
+/// `mintgate serve` with CoAP over UDP and TCP on loopback; `rest` is more
+/// of the `[coap]` table. Returns the server and the TCP address.
+fn serve_tcp(tag: &str, rest: &str) -> (Serve, SocketAddr) {
+    let dir = tmp_dir(tag);
+    let tcp: SocketAddr = format!("127.0.0.1:{}", free_tcp()).parse().unwrap();
+    let udp = free_udp();
+    let cfg = write_config(&dir, udp, &format!("tcp_bind = [\"{tcp}\"]\n{rest}"));
+    let mut s = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    s.wait_coap(
+        format!("127.0.0.1:{udp}").parse().unwrap(),
+        Duration::from_secs(15),
+    );
+    (s, tcp)
+}
+
+fn run(cmd: &mut Command) -> (String, String, bool) {
+    let out = cmd.output().expect("run the client");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+fn libcoap(method: &str, uri: &str, payload: Option<&str>) -> String {
+    let mut c = Command::new("coap-client-notls");
+    c.args(["-B", "5", "-m", method]);
+    if let Some(p) = payload {
+        c.args(["-e", p]);
+    }
+    let (o, e, _) = run(c.arg(uri));
+    format!("{o}{e}")
+}
+
+#[test]
+fn libcoap_client_over_tcp_against_serve() {
+    if !have("coap-client-notls", "Debian libcoap3-bin") {
+        return;
+    }
+    let (_s, tcp) = serve_tcp("tcp-libcoap", "");
+    let uri = |p: &str| format!("coap+tcp://{tcp}/{p}");
+    assert_eq!(libcoap("get", &uri("request"), None).trim(), "hello world");
+    let o = libcoap("put", &uri("echo"), Some("over tcp"));
+    assert!(!o.contains("4.") && !o.contains("5."), "PUT: {o}");
+    assert_eq!(libcoap("get", &uri("echo"), None).trim(), "over tcp");
+    assert_eq!(
+        libcoap("post", &uri("echo"), Some("posted")).trim(),
+        "posted"
+    );
+    assert!(libcoap("get", &uri("no/such"), None).contains("4.04"));
+    assert!(libcoap("put", &uri("request"), Some("x")).contains("4.05"));
+    let wk = libcoap("get", &uri(".well-known/core"), None);
+    assert!(wk.contains("</request>") && wk.contains("</echo>"), "{wk}");
+}
+
+#[test]
+fn aiocoap_client_over_tcp_against_serve() {
+    let Some(aio) = aiocoap_client() else {
+        return;
+    };
+    let (_s, tcp) = serve_tcp("tcp-aiocoap", "");
+    let uri = |p: &str| format!("coap+tcp://{tcp}/{p}");
+    let (o, e, ok) = run(Command::new(&aio).arg(uri("request")));
+    assert!(ok, "{e}");
+    assert_eq!(o.trim(), "hello world");
+    let (_, e, ok) = run(Command::new(&aio)
+        .args(["-m", "PUT", "--payload", "from aiocoap"])
+        .arg(uri("echo")));
+    assert!(ok, "PUT: {e}");
+    let (o, e, ok) = run(Command::new(&aio).arg(uri("echo")));
+    assert!(ok, "{e}");
+    assert_eq!(o.trim(), "from aiocoap");
+}
+
+struct Child9(Child);
+
+impl Drop for Child9 {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn mintgate_client_over_tcp_against_libcoap_server() {
+    if !have("coap-server-notls", "Debian libcoap3-bin") {
+        return;
+    }
+    let port = free_tcp();
+    let _srv = Child9(
+        Command::new("coap-server-notls")
+            .args(["-A", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start coap-server-notls"),
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < end,
+            "coap-server-notls does not listen on tcp {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let uri = |p: &str| format!("coap+tcp://127.0.0.1:{port}/{p}");
+    let out = mintgate(&["get", &uri(""), "--timeout", "5s"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("libcoap"),
+        "{out:?}"
+    );
+    let out = mintgate(&[
+        "put",
+        &uri("example_data"),
+        "-e",
+        "from mintgate",
+        "--timeout",
+        "5s",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = mintgate(&[
+        "get",
+        &uri("example_data"),
+        "--timeout",
+        "5s",
+        "--count",
+        "3",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "from mintgate\n".repeat(3)
+    );
+    let out = mintgate(&["get", &uri("no/such"), "--timeout", "5s"]);
+    assert_eq!(out.status.code(), Some(3), "4.04 exits 3: {out:?}");
+}
+
+#[test]
+fn mintgate_client_over_tcp_against_serve() {
+    let (_s, tcp) = serve_tcp("tcp-mintgate", "");
+    let out = mintgate(&["get", &format!("coap+tcp://{tcp}/request"), "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let j = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        j.contains("\"code\":\"2.05\"") && j.contains("hello world"),
+        "{j}"
+    );
+}
+
+/// Reads frames from `s` until it closes or `limit` passes.
+fn read_frames(s: &mut TcpStream, limit: Duration) -> Vec<Vec<u8>> {
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let end = Instant::now() + limit;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while Instant::now() < end {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    let mut v = Vec::new();
+    let mut rest = &buf[..];
+    while let Ok(Some(n)) = frame_len(rest) {
+        let n = n as usize;
+        if n > rest.len() {
+            break;
+        }
+        v.push(rest[..n].to_vec());
+        rest = &rest[n..];
+    }
+    v
+}
+
+fn codes(frames: &[Vec<u8>]) -> Vec<Code> {
+    frames
+        .iter()
+        .map(|f| {
+            TcpPacket::new_checked(&f[..], Framing::Stream)
+                .unwrap()
+                .code()
+        })
+        .collect()
+}
+
+fn our_csm() -> Vec<u8> {
+    let mut v = Vec::new();
+    Signal::Csm {
+        max_message_size: Some(1152),
+        block_wise: false,
+    }
+    .emit_vec(Framing::Stream, &[], &mut v);
+    v
+}
+
+#[test]
+fn bad_input_over_tcp_is_aborted_and_connections_are_bounded() {
+    let (s, tcp) = serve_tcp(
+        "tcp-bad",
+        "tcp_max_per_source = 2\ntcp_max_message_size = 1152\ntcp_frame_timeout_ms = 300\n",
+    );
+    // a request before any CSM: CSM, then Abort, then the close
+    let mut c = TcpStream::connect(tcp).unwrap();
+    c.write_all(&[0x51, 0x01, 0xAA, 0xB1, b'a', 0xFF, b'h', b'i'])
+        .unwrap();
+    let f = read_frames(&mut c, Duration::from_secs(3));
+    assert_eq!(codes(&f), [Code::CSM, Code::ABORT], "no CSM first");
+    let p = TcpPacket::new_checked(&f[0][..], Framing::Stream).unwrap();
+    assert_eq!(
+        Signal::parse(&p),
+        Ok(Signal::Csm {
+            max_message_size: Some(1152),
+            block_wise: false
+        })
+    );
+
+    // a frame that announces 70,000 bytes: refused from its header
+    let mut c = TcpStream::connect(tcp).unwrap();
+    let mut m = our_csm();
+    m.extend([0xE1, 0x00, 0x10, Code::PUT.0, 0x01]);
+    c.write_all(&m).unwrap();
+    assert_eq!(
+        codes(&read_frames(&mut c, Duration::from_secs(3))),
+        [Code::CSM, Code::ABORT],
+        "too large"
+    );
+
+    // a Ping is answered with a Pong carrying its token; a half-sent frame
+    // is aborted after tcp_frame_timeout_ms
+    let mut c = TcpStream::connect(tcp).unwrap();
+    let mut m = our_csm();
+    Signal::Ping { custody: false }.emit_vec(Framing::Stream, b"pg", &mut m);
+    m.extend([0x51, 0x01]);
+    c.write_all(&m).unwrap();
+    let f = read_frames(&mut c, Duration::from_secs(3));
+    assert_eq!(codes(&f), [Code::CSM, Code::PONG, Code::ABORT], "stalled");
+    assert_eq!(
+        TcpPacket::new_checked(&f[1][..], Framing::Stream)
+            .unwrap()
+            .token(),
+        b"pg"
+    );
+
+    // two connections from one source are served, a third is closed at once
+    // (the aborted ones above gave their places back when the server
+    // closed them)
+    std::thread::sleep(Duration::from_millis(300));
+    let mut a = TcpStream::connect(tcp).unwrap();
+    let mut b = TcpStream::connect(tcp).unwrap();
+    let mut cc = TcpStream::connect(tcp).unwrap();
+    assert!(
+        read_frames(&mut cc, Duration::from_secs(2)).is_empty(),
+        "third served"
+    );
+    for s in [&mut a, &mut b] {
+        s.write_all(&our_csm()).unwrap();
+        s.write_all(&[
+            0x81, 0x01, 0x07, 0xB7, b'r', b'e', b'q', b'u', b'e', b's', b't',
+        ])
+        .unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(
+            codes(&read_frames(s, Duration::from_secs(3))),
+            [Code::CSM, Code::CONTENT]
+        );
+    }
+    drop(s);
+}

@@ -1,0 +1,348 @@
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use mintgate_buf::{PartitionConfig, Pool};
+
+use super::*;
+use crate::server::{handle_request, Resource, Router};
+use crate::wire::tcp::signal_option;
+use crate::wire::{ContentFormat, OptionNumber};
+
+fn pool() -> Pool {
+    Pool::new(&[
+        PartitionConfig {
+            block_size: 128,
+            blocks: 64,
+        },
+        PartitionConfig {
+            block_size: 4096,
+            blocks: 16,
+        },
+    ])
+}
+
+fn router() -> Router {
+    let mut r = Router::new();
+    r.add(Resource::new("request").get(|_, rb| {
+        rb.content_format(ContentFormat::TEXT_PLAIN)
+            .static_payload(b"hello world");
+    }))
+    .unwrap();
+    r.add(
+        Resource::new("echo")
+            .put(|req, rb| {
+                rb.set_code(Code::CHANGED);
+                rb.write(req.payload());
+            })
+            .get(|_, rb| {
+                rb.write(&[b'x'; 2000]);
+            }),
+    )
+    .unwrap();
+    r
+}
+
+fn peer() -> SocketAddr {
+    "127.0.0.1:40000".parse().unwrap()
+}
+
+fn frame(code: Code, token: &[u8], opts: &[(u16, &[u8])], payload: &[u8]) -> Vec<u8> {
+    let r = TcpRepr {
+        code,
+        token,
+        options: opts
+            .iter()
+            .map(|(n, v)| RawOption {
+                number: OptionNumber(*n),
+                value: v,
+            })
+            .collect(),
+        payload,
+    };
+    let mut v = Vec::new();
+    r.emit_vec(Framing::Stream, &mut v).unwrap();
+    v
+}
+
+fn csm(max: u32) -> Vec<u8> {
+    let mut v = Vec::new();
+    Signal::Csm {
+        max_message_size: Some(max),
+        block_wise: false,
+    }
+    .emit_vec(Framing::Stream, &[], &mut v);
+    v
+}
+
+/// Splits the output into frames (all complete).
+fn frames(out: &[u8]) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    let mut rest = out;
+    while !rest.is_empty() {
+        let n = frame_len(rest).unwrap().unwrap() as usize;
+        v.push(rest[..n].to_vec());
+        rest = &rest[n..];
+    }
+    v
+}
+
+struct Harness {
+    conn: Connection,
+    router: Router,
+    pool: Pool,
+    now: Instant,
+}
+
+impl Harness {
+    fn new(cfg: ConnectionConfig) -> Harness {
+        Harness {
+            conn: Connection::new(Framing::Stream, peer(), cfg),
+            router: router(),
+            pool: pool(),
+            now: Instant::now(),
+        }
+    }
+
+    /// Feeds `bytes` in pieces of `step`; returns the frames written since.
+    fn feed(&mut self, bytes: &[u8], step: usize) -> Vec<Vec<u8>> {
+        let (router, pool) = (&self.router, &self.pool);
+        let mut serve = |req: &Request<'_>, max: usize| handle_request(router, pool, req, 0, max);
+        for chunk in bytes.chunks(step.max(1)) {
+            self.conn.receive(self.now, chunk, &mut serve);
+        }
+        let f = frames(self.conn.output());
+        let n = self.conn.output().len();
+        self.conn.consume_output(n);
+        f
+    }
+}
+
+#[test]
+fn csm_first_then_requests_answered_in_any_split() {
+    for step in [1, 2, 3, 7, 1000] {
+        let mut h = Harness::new(ConnectionConfig::default());
+        // our CSM is the first thing out, with our Max-Message-Size
+        let first = frames(h.conn.output());
+        assert_eq!(first.len(), 1);
+        let p = TcpPacket::new_checked(&first[0][..], Framing::Stream).unwrap();
+        assert_eq!(
+            Signal::parse(&p),
+            Ok(Signal::Csm {
+                max_message_size: Some(8192),
+                block_wise: false
+            })
+        );
+        h.conn.consume_output(first[0].len());
+
+        let mut input = csm(4000);
+        input.extend(frame(Code::GET, b"t1", &[(11, b"request")], &[]));
+        input.extend(frame(Code::PUT, b"t2", &[(11, b"echo")], b"abc"));
+        input.extend(frame(Code::GET, &[], &[(11, b"nothing")], &[]));
+        let out = h.feed(&input, step);
+        assert_eq!(out.len(), 3, "step {step}");
+        let r: Vec<_> = out
+            .iter()
+            .map(|f| TcpPacket::new_checked(&f[..], Framing::Stream).unwrap())
+            .collect();
+        assert_eq!((r[0].code(), r[0].token()), (Code::CONTENT, &b"t1"[..]));
+        assert_eq!(r[0].payload(), b"hello world");
+        assert_eq!((r[1].code(), r[1].payload()), (Code::CHANGED, &b"abc"[..]));
+        assert_eq!(r[2].code(), Code::NOT_FOUND);
+        assert_eq!(h.conn.peer_max_message_size(), 4000);
+        assert_eq!(h.conn.stats().requests, 3);
+        assert!(!h.conn.has_partial_frame());
+        assert_eq!(h.conn.closed(), None);
+    }
+}
+
+#[test]
+fn ping_gets_pong_with_its_token_and_empty_is_ignored() {
+    let mut h = Harness::new(ConnectionConfig::default());
+    h.feed(&[], 1);
+    let mut input = csm(1152);
+    input.extend(frame(Code::EMPTY, &[], &[], &[]));
+    input.extend(frame(
+        Code::PING,
+        b"pp",
+        &[(signal_option::CUSTODY.0, b"")],
+        &[],
+    ));
+    let out = h.feed(&input, 5);
+    assert_eq!(out.len(), 1); // the Pong (our CSM went before)
+    let p = TcpPacket::new_checked(&out[0][..], Framing::Stream).unwrap();
+    assert_eq!(Signal::parse(&p), Ok(Signal::Pong { custody: true }));
+    assert_eq!(p.token(), b"pp");
+    assert_eq!(h.conn.stats().ignored, 1);
+}
+
+fn assert_aborted(out: &[Vec<u8>], h: &Harness, why: AbortReason) {
+    let last = out.last().expect("an Abort");
+    let p = TcpPacket::new_checked(&last[..], Framing::Stream).unwrap();
+    assert_eq!(p.code(), Code::ABORT);
+    assert_eq!(p.payload(), why.text().as_bytes());
+    assert_eq!(h.conn.closed(), Some(Closed::Aborted(why)));
+}
+
+#[test]
+fn a_request_before_the_csm_aborts() {
+    let mut h = Harness::new(ConnectionConfig::default());
+    let out = h.feed(&frame(Code::GET, b"t", &[(11, b"request")], &[]), 100);
+    assert_aborted(&out, &h, AbortReason::NoCsm);
+    assert_eq!(h.conn.stats().requests, 0);
+    // nothing more is taken
+    let out = h.feed(&csm(1152), 100);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn a_frame_over_max_message_size_aborts_before_it_is_buffered() {
+    let mut h = Harness::new(ConnectionConfig {
+        max_message_size: 1152,
+        ..ConnectionConfig::default()
+    });
+    let mut input = csm(1152);
+    let big = frame(Code::PUT, b"t", &[(11, b"echo")], &[7; 2000]);
+    // only its header is sent: the length alone is enough to refuse it
+    input.extend_from_slice(&big[..4]);
+    let out = h.feed(&input, 1);
+    assert_aborted(&out, &h, AbortReason::TooLarge);
+    assert!(h.conn.inbuf.capacity() < 64, "the large frame was buffered");
+}
+
+#[test]
+fn a_csm_with_an_unknown_critical_option_aborts_naming_it() {
+    let mut h = Harness::new(ConnectionConfig::default());
+    let out = h.feed(&frame(Code::CSM, &[], &[(9, b"")], &[]), 3);
+    let p = TcpPacket::new_checked(&out.last().unwrap()[..], Framing::Stream).unwrap();
+    assert_eq!(
+        Signal::parse(&p),
+        Ok(Signal::Abort {
+            bad_csm_option: Some(9),
+            diagnostic: b"bad signalling message"
+        })
+    );
+    assert!(matches!(
+        h.conn.closed(),
+        Some(Closed::Aborted(AbortReason::BadSignal(_)))
+    ));
+}
+
+#[test]
+fn malformed_frames_abort() {
+    let mut h = Harness::new(ConnectionConfig::default());
+    let mut input = csm(1152);
+    input.extend([0x09, 0x01]); // token length 9
+    let out = h.feed(&input, 100);
+    assert_aborted(&out, &h, AbortReason::Malformed(FrameError::TokenLength(9)));
+}
+
+#[test]
+fn a_half_sent_frame_times_out() {
+    let mut h = Harness::new(ConnectionConfig {
+        frame_timeout: Duration::from_secs(2),
+        ..ConnectionConfig::default()
+    });
+    let mut input = csm(1152);
+    let req = frame(Code::GET, b"t", &[(11, b"request")], &[]);
+    input.extend_from_slice(&req[..3]);
+    h.feed(&input, 100);
+    assert!(h.conn.has_partial_frame());
+    assert_eq!(h.conn.poll_timeout(), Some(h.now + Duration::from_secs(2)));
+    h.conn.handle_timeout(h.now + Duration::from_secs(1));
+    assert_eq!(h.conn.closed(), None);
+    h.conn.handle_timeout(h.now + Duration::from_secs(2));
+    let out = frames(h.conn.output());
+    assert_aborted(&out, &h, AbortReason::Stalled);
+}
+
+#[test]
+fn responses_are_held_to_the_peer_max_message_size() {
+    let mut h = Harness::new(ConnectionConfig {
+        max_payload: 4096,
+        ..ConnectionConfig::default()
+    });
+    // the peer takes 1152 bytes: the 2000-byte answer of /echo cannot go
+    let mut input = csm(1152);
+    input.extend(frame(Code::GET, b"a", &[(11, b"echo")], &[]));
+    input.extend(csm(8000));
+    input.extend(frame(Code::GET, b"b", &[(11, b"echo")], &[]));
+    let out = h.feed(&input, 100);
+    let small = TcpPacket::new_checked(&out[1][..], Framing::Stream).unwrap();
+    assert_eq!(small.code(), Code::INTERNAL_SERVER_ERROR);
+    assert!(out[1].len() <= 1152);
+    let big = TcpPacket::new_checked(&out[2][..], Framing::Stream).unwrap();
+    assert_eq!((big.code(), big.payload().len()), (Code::CONTENT, 2000));
+}
+
+#[test]
+fn peer_release_and_abort_end_the_connection() {
+    for (sig, want) in [
+        (
+            Signal::Release {
+                alternative_address: None,
+                hold_off: Some(5),
+            },
+            Closed::PeerRelease,
+        ),
+        (
+            Signal::Abort {
+                bad_csm_option: None,
+                diagnostic: b"bye",
+            },
+            Closed::PeerAbort,
+        ),
+    ] {
+        let mut h = Harness::new(ConnectionConfig::default());
+        let mut input = csm(1152);
+        sig.emit_vec(Framing::Stream, &[], &mut input);
+        input.extend(frame(Code::GET, b"t", &[(11, b"request")], &[]));
+        h.feed(&input, 100);
+        assert_eq!(h.conn.closed(), Some(want));
+        assert_eq!(h.conn.stats().requests, 0, "a request after {want:?}");
+    }
+    let mut h = Harness::new(ConnectionConfig::default());
+    h.conn.release();
+    let out = frames(h.conn.output());
+    assert_eq!(
+        TcpPacket::new_checked(&out[1][..], Framing::Stream)
+            .unwrap()
+            .code(),
+        Code::RELEASE
+    );
+    assert_eq!(h.conn.closed(), Some(Closed::Released));
+}
+
+#[test]
+fn websocket_messages_are_one_frame_each() {
+    let mut c = Connection::new(Framing::WebSocket, peer(), ConnectionConfig::default());
+    let (router, pool) = (router(), pool());
+    let mut serve = |req: &Request<'_>, max: usize| handle_request(&router, &pool, req, 0, max);
+    let mut ours = c.output().to_vec();
+    assert_eq!(ours[0] >> 4, 0, "Len 0 over WebSockets");
+    c.consume_output(ours.len());
+    let mut csm = Vec::new();
+    Signal::Csm {
+        max_message_size: None,
+        block_wise: false,
+    }
+    .emit_vec(Framing::WebSocket, &[], &mut csm);
+    c.receive_message(&csm, &mut serve);
+    let get = TcpRepr {
+        code: Code::GET,
+        token: b"w",
+        options: vec![RawOption {
+            number: OptionNumber::URI_PATH,
+            value: b"request",
+        }],
+        payload: &[],
+    };
+    let mut m = Vec::new();
+    get.emit_vec(Framing::WebSocket, &mut m).unwrap();
+    c.receive_message(&m, &mut serve);
+    ours = c.output().to_vec();
+    let p = TcpPacket::new_checked(&ours[..], Framing::WebSocket).unwrap();
+    assert_eq!(
+        (p.code(), p.payload()),
+        (Code::CONTENT, &b"hello world"[..])
+    );
+}
