@@ -77,6 +77,10 @@ pub enum StartError {
     /// The coaps keys or certificates cannot be used.
     #[error("coaps: {0}")]
     Dtls(mintgate_dtls::DtlsError),
+    /// An OSCORE context cannot be used (its Master Secret or sequence
+    /// file).
+    #[error("oscore: {0}")]
+    Oscore(String),
 }
 
 struct Shared {
@@ -106,6 +110,8 @@ struct Shared {
     started: Instant,
     /// Who may write (`[access]`).
     access: crate::access::AccessPolicy,
+    /// OSCORE contexts (`[oscore]`), when any.
+    oscore: Option<crate::oscore::OscoreServer>,
 }
 
 /// Writes metric families in the Prometheus text format.
@@ -164,6 +170,14 @@ impl Gateway {
     /// Binds the listeners and starts the threads.
     pub fn start(cfg: Config, router: Router) -> Result<Gateway, StartError> {
         cfg.validate()?;
+        // Master Secrets and sequence files are relative to the working
+        // folder
+        let oscore = cfg
+            .oscore
+            .enabled()
+            .then(|| crate::oscore::OscoreServer::open(&cfg.oscore, std::path::Path::new("")))
+            .transpose()
+            .map_err(StartError::Oscore)?;
         // plain CoAP listeners first, then the coaps ones
         let coaps = cfg.coaps.settings()?;
         let mut dtls: Vec<Option<Arc<DtlsServer>>> = vec![None; cfg.coap.bind.len()];
@@ -205,6 +219,7 @@ impl Gateway {
             state_sources: RwLock::new(Vec::new()),
             started: Instant::now(),
             access: crate::access::AccessPolicy::new(cfg.access.clone()),
+            oscore,
             cfg,
         });
         {
@@ -540,6 +555,9 @@ impl GatewayHandle {
             .collect();
         crate::dtls::render_metrics(&dtls, out);
         self.shared.access.render_metrics(out);
+        if let Some(o) = &self.shared.oscore {
+            crate::oscore::render_metrics(o.stats(), out);
+        }
         for f in self.shared.metrics_sources.read().iter() {
             f(out);
         }
@@ -1010,16 +1028,44 @@ fn handler_loop(sh: &Shared, w: &Worker) {
                 &p,
                 job.identity.is_some() || sh.dtls[job.listener].is_some(),
             );
+            // OSCORE: the router sees the inner request, the answer is
+            // protected back; one that does not verify is answered here
+            let mut refusal = None;
+            let verified = match &sh.oscore {
+                Some(os) if p.option(crate::oscore::OPTION).is_some() => {
+                    let mut rb = sh.endpoint.builder();
+                    let v = os.unprotect(sh.endpoint.pool(), &p, &mut rb);
+                    if v.is_none() {
+                        refusal = Some(rb);
+                    }
+                    v
+                }
+                _ => None,
+            };
+            let inner = verified
+                .as_ref()
+                .and_then(|v| Packet::new_checked(&v.message[..]).ok());
             let req = Request {
                 peer: job.peer,
-                packet: &p,
-                identity: job.identity.as_deref(),
+                packet: inner.as_ref().unwrap_or(&p),
+                identity: verified
+                    .as_ref()
+                    .map(|v| v.identity.as_str())
+                    .or(job.identity.as_deref()),
             };
             // writes are checked against [access]; the identity is the
-            // peer's DTLS identity for requests that came over coaps. A
-            // handler that panics answers 5.00; the thread goes on.
+            // peer's DTLS identity for requests that came over coaps, the
+            // OSCORE context's for protected ones. A handler that panics
+            // answers 5.00; the thread goes on.
             let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                match sh.access.check(&req, req.identity) {
+                if let Some(rb) = refusal.take() {
+                    return Handled::Respond(rb);
+                }
+                let oscore_id = verified.as_ref().map(|v| v.identity.as_str());
+                match sh
+                    .access
+                    .check_with(&req, job.identity.as_deref(), oscore_id)
+                {
                     Ok(()) => sh.endpoint.process(job.received, &router, &req),
                     Err(why) => {
                         let mut rb = sh.endpoint.builder();
@@ -1035,6 +1081,14 @@ fn handler_loop(sh: &Shared, w: &Worker) {
                 rb.set_code(Code::INTERNAL_SERVER_ERROR);
                 Handled::Respond(rb)
             });
+            let handled = match (&sh.oscore, &verified, handled) {
+                (Some(os), Some(v), Handled::Respond(plain)) => {
+                    let mut rb = sh.endpoint.builder();
+                    os.protect(v, plain, &mut rb);
+                    Handled::Respond(rb)
+                }
+                (_, _, h) => h,
+            };
             // the time now: a separate response's retransmission timer
             // starts when it is sent, not when the request came
             match sh
