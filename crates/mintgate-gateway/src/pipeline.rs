@@ -1018,16 +1018,6 @@ fn handler_loop(sh: &Shared, w: &Worker) {
             let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
                 continue;
             };
-            // the receive time stands for "now": block transfers time out
-            // in seconds, and no clock is read per request
-            let ticket = sh.endpoint.begin(
-                slot,
-                job.received,
-                job.peer,
-                job.listener,
-                &p,
-                job.identity.is_some() || sh.dtls[job.listener].is_some(),
-            );
             // OSCORE: the router sees the inner request, the answer is
             // protected back; one that does not verify is answered here
             let mut refusal = None;
@@ -1042,6 +1032,21 @@ fn handler_loop(sh: &Shared, w: &Worker) {
                 }
                 _ => None,
             };
+            // the receive time stands for "now": block transfers time out
+            // in seconds, and no clock is read per request. A request that
+            // OSCORE verified counts as from a verified address, as one over
+            // DTLS does: it is fresh (its Partial IV passed the replay
+            // window) and made with the peer's key, and an Echo challenge
+            // of the message layer would make the client repeat the same
+            // protected bytes, a replay.
+            let ticket = sh.endpoint.begin(
+                slot,
+                job.received,
+                job.peer,
+                job.listener,
+                &p,
+                job.identity.is_some() || sh.dtls[job.listener].is_some() || verified.is_some(),
+            );
             let inner = verified
                 .as_ref()
                 .and_then(|v| Packet::new_checked(&v.message[..]).ok());
