@@ -15,6 +15,7 @@
 //! served once, without a registration) and outer block-wise transfers
 //! (outer Block options are dropped; inner ones pass as any inner option).
 
+pub mod client;
 pub mod context;
 pub mod option;
 pub mod replay;
