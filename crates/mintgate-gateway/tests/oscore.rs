@@ -141,6 +141,23 @@ fn protected_requests_reach_handlers_with_the_oscore_identity() {
     assert_eq!(code, Code::CONTENT);
     assert_eq!(body, b"oscore:client1");
 
+    // an answer far larger than the request (the link-format document)
+    // comes whole: a verified request is not held to the amplification
+    // limit, whose Echo challenge would make the client replay itself
+    let mut b = vec![0u8; 64];
+    let mut w = MessageWriter::new(&mut b, MessageType::Con, Code::GET, 9, &[9]).unwrap();
+    w.option(OptionNumber::URI_PATH, b".well-known").unwrap();
+    w.option(OptionNumber::URI_PATH, b"core").unwrap();
+    let n = w.finish();
+    let fresh = socket();
+    let (_, code, body, _, _, _) = protected(&mut c, &fresh, to, &b[..n]);
+    assert_eq!(code, Code::CONTENT);
+    assert!(
+        body.len() > 3 * (n + 16) && body.starts_with(b"</request>"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+
     // writes: protected ones pass, plain ones are refused
     let (_, code, body, _, _, _) = protected(&mut c, &s, to, &request(Code::PUT, 2, &[], b"on"));
     assert_eq!((code, body.as_slice()), (Code::CHANGED, &b"on"[..]));
