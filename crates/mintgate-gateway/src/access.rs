@@ -440,6 +440,27 @@ mod tests {
             AccessPolicy::new(any).decide(lan, false, None, Some("anyone")),
             Ok(())
         );
+        // oscore: a verified OSCORE context, not a DTLS identity or token
+        let mut os = policy(WriteMode::Oscore).cfg;
+        os.identities = vec!["oscore:sensor-1".into()];
+        let os = AccessPolicy::new(os);
+        assert_eq!(
+            os.decide_local(false, true, Some(b"s3cret"), Some("sensor-1"), None),
+            Err(Refusal::NoCredentials)
+        );
+        assert_eq!(
+            os.decide_local(false, true, None, None, Some("oscore:sensor-1")),
+            Ok(())
+        );
+        assert_eq!(
+            os.decide_local(false, false, None, None, Some("oscore:other")),
+            Err(Refusal::UnknownIdentity)
+        );
+        assert_eq!(
+            dtls.decide_local(false, false, None, None, Some("oscore:sensor-1")),
+            Err(Refusal::NoCredentials),
+            "dtls mode wants a DTLS identity"
+        );
         let mut remote = policy(WriteMode::Open).cfg;
         remote.admin_remote = true;
         assert_eq!(
