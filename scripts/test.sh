@@ -46,10 +46,11 @@ if ! target/py-venv/bin/python -c 'import aioquic' 2>/dev/null; then
   target/py-venv/bin/pip install -q 'aioquic>=1.2,<2'
 fi
 # aiocoap: a CoAP client no one here wrote that does not answer Echo
-# (the anti-amplification interop test)
-if ! target/py-venv/bin/python -c 'import aiocoap' 2>/dev/null || [ ! -x target/py-venv/bin/aiocoap-client ]; then
-  step "installing aiocoap into target/py-venv"
-  target/py-venv/bin/pip install -q 'aiocoap>=0.4.7,<0.5'
+# (the anti-amplification interop test), and with its oscore extra (cbor2,
+# cryptography, filelock) the OSCORE peer (tests/oscore_aiocoap.rs)
+if ! target/py-venv/bin/python -c 'import aiocoap.oscore, cbor2, filelock' 2>/dev/null || [ ! -x target/py-venv/bin/aiocoap-client ]; then
+  step "installing aiocoap[oscore] into target/py-venv"
+  target/py-venv/bin/pip install -q 'aiocoap[oscore]>=0.4.7,<0.5'
 fi
 
 # The MQTT lab's peer: Eclipse Paho (Java), the paper's client, built with

@@ -136,6 +136,11 @@ pub struct RequestArgs {
     /// File holding the access token (one line); replaces --access-token.
     #[arg(long, value_name = "FILE")]
     access_token_file: Option<PathBuf>,
+    /// Protect the request with OSCORE (RFC 8613): a context file in TOML
+    /// with the keys of one `[[oscore.contexts]]` (docs/config.md); its
+    /// sender sequence number is kept in NAME.seq beside the file.
+    #[arg(long, value_name = "CONTEXT-FILE")]
+    oscore: Option<PathBuf>,
     /// Print the message type, code, options, round-trip time and
     /// retransmissions to stderr.
     #[arg(short, long)]
@@ -379,6 +384,10 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         options,
         payload,
     };
+    let mut oscore = match &args.oscore {
+        Some(f) => Some(oscore_context(f)?),
+        None => None,
+    };
     let mut status = ExitCode::SUCCESS;
     for i in 0..args.count {
         if i > 0 {
@@ -386,9 +395,88 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
                 std::thread::sleep(d);
             }
         }
-        status = one(&args, &mut out, dest, request.clone(), overall)?;
+        status = one(
+            &args,
+            &mut out,
+            dest,
+            request.clone(),
+            overall,
+            oscore.as_mut(),
+        )?;
     }
     Ok(status)
+}
+
+/// The OSCORE context of `--oscore FILE`, its sequence number in
+/// NAME.seq beside the file.
+fn oscore_context(f: &std::path::Path) -> anyhow::Result<mintgate_coap::oscore::Context> {
+    let cfg = mintgate_gateway::oscore::ContextConfig::from_file(f)
+        .map_err(|e| anyhow::anyhow!("--oscore: {e}"))?;
+    let dir = match f.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let (ctx, _) = mintgate_gateway::oscore::open_context(
+        &cfg,
+        dir,
+        dir,
+        mintgate_gateway::oscore::DEFAULT_SEQ_STEP,
+    )
+    .map_err(|e| anyhow::anyhow!("--oscore {}: {e}", f.display()))?;
+    Ok(ctx)
+}
+
+/// Sends `request` protected with `ctx` and verifies the answer; a 4.01
+/// with an Echo option (a server that restarted, RFC 8613 B.1.2) is
+/// answered by repeating the request once with the Echo.
+fn oscore_exchange(
+    ctx: &mut mintgate_coap::oscore::Context,
+    out: &mut Outbound,
+    dest: SocketAddr,
+    mut request: Request,
+    deadline: Instant,
+) -> Result<
+    (
+        mintgate_gateway::outbound::Fetched,
+        mintgate_coap::oscore::client::Inner,
+    ),
+    OscoreFailure,
+> {
+    use mintgate_coap::oscore::client;
+    for attempt in 0..2 {
+        let (sent, id) = client::protect(ctx, &request).map_err(OscoreFailure::Oscore)?;
+        let fetched = out
+            .request(dest, sent, deadline)
+            .map_err(OscoreFailure::Exchange)?;
+        let r = &fetched.response;
+        let opts: Vec<(OptionNumber, &[u8])> =
+            r.options.iter().map(|(n, v)| (*n, &v[..])).collect();
+        if r.option(mintgate_coap::oscore::OSCORE).is_none() {
+            // an unprotected answer: the server refused the request
+            return Err(OscoreFailure::Refused(r.code, r.payload.to_vec()));
+        }
+        let inner = client::unprotect(ctx, r.code, &opts, &r.payload, &id)
+            .map_err(OscoreFailure::Oscore)?;
+        let echo = inner
+            .1
+            .iter()
+            .find(|(n, _)| *n == OptionNumber::ECHO)
+            .map(|(_, v)| v.clone());
+        match echo {
+            Some(e) if inner.0 == Code::UNAUTHORIZED && attempt == 0 => {
+                request.options.retain(|(n, _)| *n != OptionNumber::ECHO);
+                request.options.push((OptionNumber::ECHO, e));
+            }
+            _ => return Ok((fetched, inner)),
+        }
+    }
+    Err(OscoreFailure::Oscore(mintgate_coap::oscore::Error::Replay))
+}
+
+enum OscoreFailure {
+    Exchange(OutboundError),
+    Oscore(mintgate_coap::oscore::Error),
+    Refused(Code, Vec<u8>),
 }
 
 /// One request through `out`; prints the outcome and returns the exit code.
@@ -398,6 +486,7 @@ fn one(
     dest: SocketAddr,
     request: Request,
     overall: Duration,
+    oscore: Option<&mut mintgate_coap::oscore::Context>,
 ) -> anyhow::Result<ExitCode> {
     let method = request.code;
     if args.verbose {
@@ -410,7 +499,33 @@ fn one(
         );
     }
     let start = Instant::now();
-    let fetched = match out.request(dest, request, start + overall) {
+    let mut inner = None;
+    let result = match oscore {
+        Some(ctx) => match oscore_exchange(ctx, out, dest, request, start + overall) {
+            Ok((f, i)) => {
+                inner = Some(i);
+                Ok(f)
+            }
+            Err(OscoreFailure::Exchange(e)) => Err(e),
+            Err(OscoreFailure::Oscore(e)) => {
+                eprintln!("mintgate: {dest}: OSCORE: {e}");
+                return Ok(ExitCode::from(EXIT_OTHER));
+            }
+            Err(OscoreFailure::Refused(code, why)) => {
+                eprintln!(
+                    "mintgate: {dest} refused the OSCORE request: {code} {}",
+                    String::from_utf8_lossy(&why)
+                );
+                return Ok(ExitCode::from(match code.class() {
+                    4 => EXIT_CLIENT_ERROR,
+                    5 => EXIT_SERVER_ERROR,
+                    _ => EXIT_OTHER,
+                }));
+            }
+        },
+        None => out.request(dest, request, start + overall),
+    };
+    let fetched = match result {
         Ok(f) => f,
         Err(OutboundError::Timeout) => {
             eprintln!(
@@ -442,12 +557,21 @@ fn one(
         Source::Cache { age } => format!(", from the cache, {age} s old"),
         Source::Revalidated => ", from the cache, revalidated".to_string(),
     };
+    // an OSCORE answer is printed as its protected inner message
+    let (code, options, payload): mintgate_coap::oscore::client::Inner = match inner {
+        Some(i) => i,
+        None => (
+            r.code,
+            r.options.iter().map(|(n, v)| (*n, v.to_vec())).collect(),
+            r.payload.to_vec(),
+        ),
+    };
     print_response(
         args,
-        r.code,
+        code,
         r.msg_type.name(),
-        &r.options,
-        &r.payload,
+        &options,
+        &payload,
         (r.rtt, r.retransmissions),
         &via,
     )

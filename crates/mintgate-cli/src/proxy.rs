@@ -176,7 +176,7 @@ pub fn write_auth(access: &AccessSection, own: &[Authority]) -> WriteAuth {
             tokens: access.tokens.clone(),
             forward_to: own.to_vec(),
         },
-        WriteMode::Dtls => WriteAuth::Refuse,
+        WriteMode::Dtls | WriteMode::Oscore => WriteAuth::Refuse,
     }
 }
 

@@ -8,6 +8,7 @@
 //! | `"open"` | nothing |
 //! | `"token"` | an Access-Token option ([`ACCESS_TOKEN`]) equal to one of `access.tokens` |
 //! | `"dtls"` | a DTLS identity (the peer authenticated by the coaps listener), one of `access.identities` when that list is not empty |
+//! | `"oscore"` | OSCORE protection (RFC 8613) verified with one of `[[oscore.contexts]]`, whose name is in `access.identities` as `oscore:NAME` when that list is not empty |
 //!
 //! The mode is absent until the owner chooses one: a fresh install takes
 //! writes from loopback only ([`WriteMode::Unset`], refusal counted as
@@ -73,6 +74,9 @@ pub enum WriteMode {
     Token,
     /// A DTLS identity (coaps only; HTTP writes are refused).
     Dtls,
+    /// An OSCORE-protected request (RFC 8613) verified by one of
+    /// `[[oscore.contexts]]` (HTTP writes are refused).
+    Oscore,
 }
 
 impl WriteMode {
@@ -242,8 +246,10 @@ impl Refusal {
     fn why(self, mode: WriteMode) -> &'static str {
         match (self, mode) {
             (Refusal::NoCredentials, WriteMode::Dtls) => "writes need a DTLS identity (coaps)",
+            (Refusal::NoCredentials, WriteMode::Oscore) => "writes need OSCORE protection",
             (Refusal::NoCredentials, _) => "writes need an Access-Token option (65002)",
             (Refusal::BadToken, _) => "the access token is not valid",
+            (Refusal::UnknownIdentity, WriteMode::Oscore) => "this OSCORE context may not write",
             (Refusal::UnknownIdentity, _) => "this DTLS identity may not write",
             (Refusal::NotLoopback, _) => "admin writes are taken from loopback only",
             (Refusal::WriteModeUnset, _) => UNSET_WHY,
@@ -315,7 +321,13 @@ impl AccessPolicy {
         token: Option<&[u8]>,
         identity: Option<&str>,
     ) -> Result<(), Refusal> {
-        self.decide_local(peer.to_canonical().is_loopback(), admin, token, identity)
+        self.decide_local(
+            peer.to_canonical().is_loopback(),
+            admin,
+            token,
+            identity,
+            None,
+        )
     }
 
     /// [`decide`](Self::decide) for a source that is (`local`) or is not
@@ -326,7 +338,11 @@ impl AccessPolicy {
         admin: bool,
         token: Option<&[u8]>,
         identity: Option<&str>,
+        oscore: Option<&str>,
     ) -> Result<(), Refusal> {
+        let listed = |id: &str| {
+            self.cfg.identities.is_empty() || self.cfg.identities.iter().any(|i| i == id)
+        };
         let authenticated = match self.cfg.write {
             WriteMode::Unset if !local => return Err(Refusal::WriteModeUnset),
             WriteMode::Unset | WriteMode::Open => false,
@@ -345,6 +361,11 @@ impl AccessPolicy {
                 }
                 Some(_) => true,
             },
+            WriteMode::Oscore => match oscore {
+                None => return Err(Refusal::NoCredentials),
+                Some(id) if !listed(id) => return Err(Refusal::UnknownIdentity),
+                Some(_) => true,
+            },
         };
         if admin && !authenticated && !self.cfg.admin_remote && !local {
             return Err(Refusal::NotLoopback);
@@ -355,6 +376,18 @@ impl AccessPolicy {
     /// Checks a CoAP request: reads pass; a write is decided by
     /// [`decide`](Self::decide) and a refusal counted.
     pub fn check(&self, req: &Request<'_>, identity: Option<&str>) -> Result<(), Refusal> {
+        self.check_with(req, identity, None)
+    }
+
+    /// [`check`](Self::check) for a request that arrived protected with
+    /// OSCORE and verified with the context `oscore` (`oscore:NAME`);
+    /// `identity` is the DTLS one, if it also came over coaps.
+    pub fn check_with(
+        &self,
+        req: &Request<'_>,
+        identity: Option<&str>,
+        oscore: Option<&str>,
+    ) -> Result<(), Refusal> {
         let p = req.packet;
         if !is_write(p.code()) {
             return Ok(());
@@ -368,7 +401,7 @@ impl AccessPolicy {
             .find(|o| o.number == ACCESS_TOKEN)
             .map(|o| o.value);
         let local = req.peer.ip().to_canonical().is_loopback() && !self.is_proxied(req.peer);
-        let r = self.decide_local(local, admin, token, identity);
+        let r = self.decide_local(local, admin, token, identity, oscore);
         if let Err(why) = r {
             self.count(why);
         }
@@ -497,6 +530,27 @@ mod tests {
             AccessPolicy::new(any).decide(lan, false, None, Some("anyone")),
             Ok(())
         );
+        // oscore: a verified OSCORE context, not a DTLS identity or token
+        let mut os = policy(WriteMode::Oscore).cfg;
+        os.identities = vec!["oscore:sensor-1".into()];
+        let os = AccessPolicy::new(os);
+        assert_eq!(
+            os.decide_local(false, true, Some(b"s3cret"), Some("sensor-1"), None),
+            Err(Refusal::NoCredentials)
+        );
+        assert_eq!(
+            os.decide_local(false, true, None, None, Some("oscore:sensor-1")),
+            Ok(())
+        );
+        assert_eq!(
+            os.decide_local(false, false, None, None, Some("oscore:other")),
+            Err(Refusal::UnknownIdentity)
+        );
+        assert_eq!(
+            dtls.decide_local(false, false, None, None, Some("oscore:sensor-1")),
+            Err(Refusal::NoCredentials),
+            "dtls mode wants a DTLS identity"
+        );
         let mut remote = policy(WriteMode::Open).cfg;
         remote.admin_remote = true;
         assert_eq!(
@@ -542,7 +596,7 @@ mod tests {
         let tok = policy(WriteMode::Token);
         tok.add_proxy_source(up);
         assert_eq!(
-            tok.decide_local(false, true, Some(b"s3cret"), None),
+            tok.decide_local(false, true, Some(b"s3cret"), None, None),
             Ok(()),
             "a token the proxy forwards still authenticates"
         );

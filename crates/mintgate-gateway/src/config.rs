@@ -73,6 +73,9 @@ pub struct Config {
     /// `[access]`: who may write (PUT, POST, DELETE) to resources and
     /// links; see [`crate::access`].
     pub access: crate::access::AccessSection,
+    /// `[oscore]`: OSCORE security contexts (off while `contexts` is
+    /// empty); see [`crate::oscore`].
+    pub oscore: crate::oscore::OscoreSection,
 }
 
 /// `[mqtt]`: the bridges between devices, direct-path links, observed CoAP
@@ -1254,6 +1257,7 @@ impl Config {
         }
         self.mqtt.validate(&self.devices.list)?;
         self.access.validate()?;
+        self.oscore.validate()?;
         // devices and links, as the start would check them, short of
         // opening a device (a missing file or GPIO chip shows at start);
         // whether an mqtt output has its bridges running can depend on a
@@ -1274,6 +1278,14 @@ impl Config {
             return Err(ConfigError::Value {
                 key: "access.write",
                 why: "\"dtls\" needs a coaps listener (coaps.bind): without one no write \
+                      could ever be allowed"
+                    .into(),
+            });
+        }
+        if self.access.write == crate::access::WriteMode::Oscore && !self.oscore.enabled() {
+            return Err(ConfigError::Value {
+                key: "access.write",
+                why: "\"oscore\" needs at least one [[oscore.contexts]]: without one no write \
                       could ever be allowed"
                     .into(),
             });

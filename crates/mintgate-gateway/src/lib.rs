@@ -16,6 +16,7 @@ pub mod dtls;
 pub mod metrics;
 pub mod observe;
 pub mod observe_client;
+pub mod oscore;
 pub mod outbound;
 pub mod pipeline;
 pub mod queue;

@@ -85,6 +85,10 @@ pub enum StartError {
     /// The coaps keys or certificates cannot be used.
     #[error("coaps: {0}")]
     Dtls(mintgate_dtls::DtlsError),
+    /// An OSCORE context cannot be used (its Master Secret or sequence
+    /// file).
+    #[error("oscore: {0}")]
+    Oscore(String),
 }
 
 struct Shared {
@@ -119,6 +123,8 @@ struct Shared {
     /// CoAP over TCP (`coap.tcp_bind`): its counters, rendered when it
     /// serves.
     tcp_stats: Option<Arc<crate::coap_tcp::TcpStats>>,
+    /// OSCORE contexts (`[oscore]`), when any.
+    oscore: Option<crate::oscore::OscoreServer>,
 }
 
 /// Writes metric families in the Prometheus text format.
@@ -179,6 +185,14 @@ impl Gateway {
     /// Binds the listeners and starts the threads.
     pub fn start(cfg: Config, router: Router) -> Result<Gateway, StartError> {
         cfg.validate()?;
+        // Master Secrets and sequence files are relative to the working
+        // folder
+        let oscore = cfg
+            .oscore
+            .enabled()
+            .then(|| crate::oscore::OscoreServer::open(&cfg.oscore, std::path::Path::new("")))
+            .transpose()
+            .map_err(StartError::Oscore)?;
         // plain CoAP listeners first, then the coaps ones
         let coaps = cfg.coaps.settings()?;
         let mut dtls: Vec<Option<Arc<DtlsServer>>> = vec![None; cfg.coap.bind.len()];
@@ -222,6 +236,7 @@ impl Gateway {
             access: crate::access::AccessPolicy::new(cfg.access.clone()),
             dashboard_refused: Default::default(),
             tcp_stats: (!cfg.coap.tcp_bind.is_empty()).then(Arc::default),
+            oscore,
             cfg,
         });
         {
@@ -599,6 +614,9 @@ impl GatewayHandle {
         self.shared.dashboard_refused.render_metrics(out);
         if let Some(t) = &self.shared.tcp_stats {
             t.render(out);
+        }
+        if let Some(o) = &self.shared.oscore {
+            crate::oscore::render_metrics(o.stats(), out);
         }
         for f in self.shared.metrics_sources.read().iter() {
             f(out);
@@ -1065,25 +1083,70 @@ fn handler_loop(sh: &Shared, w: &Worker) {
             let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
                 continue;
             };
+            // OSCORE: the router sees the inner request, the answer is
+            // protected back; one that does not verify is answered here
+            let mut refusal = None;
+            let verified = match &sh.oscore {
+                Some(os) if p.option(crate::oscore::OPTION).is_some() => {
+                    let mut rb = sh.endpoint.builder();
+                    let v = os.unprotect(sh.endpoint.pool(), &p, &mut rb);
+                    if v.is_none() {
+                        refusal = Some(rb);
+                    }
+                    v
+                }
+                _ => None,
+            };
             // the receive time stands for "now": block transfers time out
-            // in seconds, and no clock is read per request
+            // in seconds, and no clock is read per request. A request that
+            // OSCORE verified counts as from a verified address, as one over
+            // DTLS does: it is fresh (its Partial IV passed the replay
+            // window) and made with the peer's key, and an Echo challenge
+            // of the message layer would make the client repeat the same
+            // protected bytes, a replay.
             let ticket = sh.endpoint.begin(
                 slot,
                 job.received,
                 job.peer,
                 job.listener,
                 &p,
-                job.identity.is_some() || sh.dtls[job.listener].is_some(),
+                job.identity.is_some() || sh.dtls[job.listener].is_some() || verified.is_some(),
             );
+            let inner = verified
+                .as_ref()
+                .and_then(|v| Packet::new_checked(&v.message[..]).ok());
             let req = Request {
                 peer: job.peer,
-                packet: &p,
-                identity: job.identity.as_deref(),
+                packet: inner.as_ref().unwrap_or(&p),
+                identity: verified
+                    .as_ref()
+                    .map(|v| v.identity.as_str())
+                    .or(job.identity.as_deref()),
             };
             // writes are checked against [access]; the identity is the
-            // peer's DTLS identity for requests that came over coaps. A
-            // handler that panics answers 5.00; the thread goes on.
-            let handled = handle_guarded(sh, job.received, &router, &req);
+            // peer's DTLS identity for requests that came over coaps, the
+            // OSCORE context's for protected ones. A handler that panics
+            // answers 5.00; the thread goes on.
+            let oscore_id = verified.as_ref().map(|v| v.identity.as_str());
+            let handled = match refusal.take() {
+                Some(rb) => Handled::Respond(rb),
+                None => handle_guarded(
+                    sh,
+                    job.received,
+                    &router,
+                    &req,
+                    job.identity.as_deref(),
+                    oscore_id,
+                ),
+            };
+            let handled = match (&sh.oscore, &verified, handled) {
+                (Some(os), Some(v), Handled::Respond(plain)) => {
+                    let mut rb = sh.endpoint.builder();
+                    os.protect(v, plain, &mut rb);
+                    Handled::Respond(rb)
+                }
+                (_, _, h) => h,
+            };
             // the time now: a separate response's retransmission timer
             // starts when it is sent, not when the request came
             match sh
@@ -1109,11 +1172,19 @@ fn handler_loop(sh: &Shared, w: &Worker) {
     }
 }
 
-/// Runs a request through the access rules and the request layer; a
-/// handler that panics answers 5.00 (counted) and the thread goes on.
-fn handle_guarded(sh: &Shared, now: Instant, router: &Router, req: &Request<'_>) -> Handled {
+/// Checks a request against `[access]` (`dtls`: the DTLS identity it came
+/// with, `oscore`: the OSCORE context that verified it) and runs its
+/// handler; a handler that panics answers 5.00 and is counted.
+fn handle_guarded(
+    sh: &Shared,
+    now: Instant,
+    router: &Router,
+    req: &Request<'_>,
+    dtls: Option<&str>,
+    oscore: Option<&str>,
+) -> Handled {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        match sh.access.check(req, req.identity) {
+        match sh.access.check_with(req, dtls, oscore) {
             Ok(()) => sh.endpoint.process(now, router, req),
             Err(why) => {
                 let mut rb = sh.endpoint.builder();
@@ -1138,7 +1209,7 @@ fn handle_guarded(sh: &Shared, now: Instant, router: &Router, req: &Request<'_>)
 /// is answered as a plain GET).
 fn serve_reliable(sh: &Shared, req: &Request<'_>) -> Answer {
     let router = sh.router.read().clone();
-    match handle_guarded(sh, Instant::now(), &router, req) {
+    match handle_guarded(sh, Instant::now(), &router, req, req.identity, None) {
         Handled::Respond(rb) => {
             finish_response(&sh.pool, rb, MessageType::Ack, 0, req.packet.token())
         }

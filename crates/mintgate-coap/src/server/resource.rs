@@ -16,7 +16,9 @@ pub struct Request<'a> {
     pub packet: &'a Packet<&'a [u8]>,
     /// The authenticated identity of the sender when the request came over
     /// a secured transport (coaps: the DTLS session's PSK identity or the
-    /// common name of the client certificate); `None` over plain CoAP.
+    /// common name of the client certificate) or was protected with OSCORE
+    /// (`oscore:NAME`, the gateway's context name; it takes precedence);
+    /// `None` over plain CoAP.
     pub identity: Option<&'a str>,
 }
 
