@@ -358,6 +358,8 @@ pub struct MqttBridge {
     threads: Vec<JoinHandle<()>>,
     watches: Vec<(Arc<Device>, u64)>,
     routes: Vec<(String, String)>,
+    /// The publish queue's bounds.
+    limits: mintgate_mqtt::queue::Limits,
     /// Kept so that the broker's addresses stay documented; rumqttd itself
     /// cannot be stopped and lives until the process exits.
     _embedded: Option<EmbeddedBroker>,
@@ -511,6 +513,7 @@ impl MqttBridge {
         pc.window = cfg.window;
         pc.state = cfg.persist.then(|| cfg.state.clone());
         pc.status_topic = cfg.status_topic();
+        pc.limits = cfg.queue.limits();
         let publisher = Arc::new(Publisher::start(pc)?);
         let status = publisher.status();
         if status.resumed > 0 {
@@ -541,6 +544,7 @@ impl MqttBridge {
                 .iter()
                 .map(|r| (r.device.clone(), r.topic.clone()))
                 .collect(),
+            limits: cfg.queue.limits(),
             _embedded: embedded,
         };
 
@@ -683,6 +687,7 @@ impl MqttBridge {
             .map(Arc::downgrade)
             .unwrap_or_default();
         let broker = self.broker.to_string();
+        let limits = self.limits;
         Arc::new(move || {
             let st = p.upgrade().map(|p| p.status());
             serde_json::json!({
@@ -694,6 +699,13 @@ impl MqttBridge {
                 },
                 "broker": broker,
                 "queue_depth": st.as_ref().map(|s| s.unacked),
+                "queue_bytes": st.as_ref().map(|s| s.bytes),
+                "queue_max_messages": limits.max_messages,
+                "queue_dropped_full": st.as_ref().map(|s| s.queue.dropped_full),
+                "queue_refused_full": st.as_ref().map(|s| s.queue.refused_full),
+                "queue_refused_disk_full": st.as_ref().map(|s| s.queue.refused_disk),
+                "queue_refused_by_broker": st.as_ref().map(|s| s.queue.refused_by_broker),
+                "store_full": st.as_ref().map(|s| s.store_full),
                 "connects": st.as_ref().map(|s| s.connects),
                 "last_error": st.as_ref().and_then(|s| s.last_error.clone()),
                 "enqueued": c.enqueued.load(Relaxed),
@@ -853,6 +865,20 @@ fn enqueue(
     match p.enqueue_many(topic, bodies) {
         Ok(_) => {
             c.enqueued.fetch_add(n, Relaxed);
+        }
+        // Counted by the queue itself (mintgate_mqtt_queue_refused_total)
+        // and said by it when the disk fills; a full queue is said here.
+        Err(mintgate_mqtt::publisher::PublishError::Refused {
+            accepted,
+            refused,
+            why,
+        }) => {
+            c.enqueued.fetch_add(accepted, Relaxed);
+            if why == mintgate_mqtt::publisher::Refusal::QueueFull {
+                log.warn(format_args!(
+                    "MQTT bridge: {refused} message(s) to {topic:?} refused: {why}"
+                ));
+            }
         }
         Err(e) => {
             c.dropped_error.fetch_add(n, Relaxed);
@@ -1058,6 +1084,7 @@ fn render_metrics(c: &BridgeCounters, st: Option<Status>, out: &mut String) {
         "Observe registrations sent (first ones and renewals).",
         &[("", g(&c.observe_registrations))],
     );
+    let gauges = st.as_ref().map(|st| (st.bytes, st.store_full));
     if let Some(st) = st {
         one(
             "mintgate_mqtt_published_total",
@@ -1078,10 +1105,47 @@ fn render_metrics(c: &BridgeCounters, st: Option<Status>, out: &mut String) {
             &[("", st.unacked as u64)],
         );
         one(
+            "mintgate_mqtt_queue_dropped_total",
+            "counter",
+            "Queued messages dropped unsent, by reason (full: the oldest, to make room under \
+             mqtt.queue; broker: its PUBACK refused the message).",
+            &[
+                ("{reason=\"full\"}", st.queue.dropped_full),
+                ("{reason=\"broker\"}", st.queue.refused_by_broker),
+            ],
+        );
+        one(
+            "mintgate_mqtt_queue_refused_total",
+            "counter",
+            "New messages the publish queue refused, by reason (full: mqtt.queue.when_full = \
+             refuse-new; disk: its store could not write).",
+            &[
+                ("{reason=\"full\"}", st.queue.refused_full),
+                ("{reason=\"disk\"}", st.queue.refused_disk),
+            ],
+        );
+        one(
             "mintgate_mqtt_connected",
             "gauge",
             "1 while the publish queue is connected to the broker.",
             &[("", u64::from(st.connected))],
+        );
+    }
+    if let Some((bytes, store_full)) = gauges {
+        crate::metrics::write_families(
+            out,
+            &[
+                (
+                    "mintgate_mqtt_queue_bytes",
+                    "Bytes (topics and payloads) of the queued messages not yet acknowledged.",
+                    bytes,
+                ),
+                (
+                    "mintgate_mqtt_store_full",
+                    "1 while the publish queue's store cannot write (disk full).",
+                    u64::from(store_full),
+                ),
+            ],
         );
     }
 }

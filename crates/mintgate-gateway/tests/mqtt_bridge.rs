@@ -420,3 +420,53 @@ fn an_observed_coap_resource_is_published() {
     let _ = std::fs::remove_dir_all(&state);
     let _ = std::fs::remove_dir_all(&rstate);
 }
+
+/// The value of the sample `name` (with its labels) in an exposition.
+fn sample(m: &str, name: &str) -> Option<u64> {
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `[mqtt.queue]` with the broker away: the queue holds `max_messages`,
+/// drop-oldest drops the rest, and /metrics and the dashboard count every
+/// dropped message exactly (everything the bridge enqueued is either still
+/// queued or dropped: nothing was acknowledged).
+#[test]
+fn a_bounded_queue_drops_the_oldest_and_counts_them_on_metrics() {
+    let state = tmp("bounded");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut c = config(
+        &format!("mqtt://127.0.0.1:{port}"),
+        vec![replay_sensor("count", 40, "1ms")],
+        &state,
+    );
+    c.mqtt.queue.max_messages = 20;
+    let rig = Rig::start(&c);
+    let mut seen = String::new();
+    let counted = wait_for(Duration::from_secs(20), || {
+        seen = rig.metrics();
+        let e = sample(&seen, "mintgate_mqtt_bridge_enqueued_total").unwrap_or(0);
+        let d = sample(&seen, "mintgate_mqtt_queue_dropped_total{reason=\"full\"}").unwrap_or(0);
+        let u = sample(&seen, "mintgate_mqtt_unacked").unwrap_or(0);
+        e >= 100 && u == 20 && e == d + u
+    });
+    assert!(counted, "{seen}");
+    assert_eq!(
+        sample(&seen, "mintgate_mqtt_queue_refused_total{reason=\"full\"}"),
+        Some(0)
+    );
+    assert_eq!(sample(&seen, "mintgate_mqtt_store_full"), Some(0));
+    assert!(sample(&seen, "mintgate_mqtt_queue_bytes").unwrap() > 0);
+    let st = mintgate_gateway::dashboard::state_json(&rig.gw.handle());
+    assert_eq!(st["mqtt"]["queue_max_messages"], 20, "{st}");
+    assert!(
+        st["mqtt"]["queue_dropped_full"].as_u64().unwrap() >= 80,
+        "{st}"
+    );
+    drop(rig);
+    let _ = std::fs::remove_dir_all(&state);
+}
