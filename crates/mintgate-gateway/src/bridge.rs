@@ -106,6 +106,8 @@ struct Route {
     device: String,
     topic: String,
     unit: Option<String>,
+    /// Published with the retain flag.
+    retain: bool,
     /// 0: every value.
     min_interval_ns: u64,
     /// When the last value passed, ns since the hub's start (`NEVER`: none).
@@ -399,6 +401,7 @@ impl MqttBridge {
                     device: dev.name().to_string(),
                     topic: format!("{}{}", cfg.topic_prefix, resource_path(&dev)),
                     unit: dev.spec().unit.clone(),
+                    retain: cfg.retain,
                     min_interval_ns: 0,
                     last_ns: AtomicU64::new(NEVER),
                 }));
@@ -420,6 +423,7 @@ impl MqttBridge {
                 device: p.device.clone(),
                 topic: p.topic.clone(),
                 unit: dev.spec().unit.clone(),
+                retain: p.retain.unwrap_or(cfg.retain),
                 min_interval_ns: min.as_nanos() as u64,
                 last_ns: AtomicU64::new(NEVER),
             }));
@@ -791,15 +795,16 @@ fn publish_loop(
             }
         }
         // consecutive messages to one topic go in one durable write
-        let mut run: Option<(Arc<str>, Vec<String>)> = None;
+        let mut run: Option<(Arc<str>, bool, Vec<String>)> = None;
         for it in batch.drain(..) {
-            let (topic, body): (Arc<str>, String) = match it {
+            let (topic, retain, body): (Arc<str>, bool, String) = match it {
                 Item::Value {
                     route,
                     value,
                     unix_ms,
                 } => (
                     route.topic.as_str().into(),
+                    route.retain,
                     value_body(&route.device, route.unit.as_deref(), value, unix_ms),
                 ),
                 Item::Link {
@@ -818,6 +823,7 @@ fn publish_loop(
                         .and_then(|d| d.spec().unit.clone());
                     (
                         topic,
+                        false,
                         value_body(
                             name.as_deref().unwrap_or("?"),
                             unit.as_deref(),
@@ -835,21 +841,22 @@ fn publish_loop(
                     unix_ms,
                 } => (
                     topic,
+                    false,
                     observed_body(&uri, observe, content_format, &payload, unix_ms),
                 ),
             };
             match &mut run {
-                Some((t, bodies)) if **t == *topic => bodies.push(body),
+                Some((t, r, bodies)) if **t == *topic && *r == retain => bodies.push(body),
                 _ => {
-                    if let Some((t, bodies)) = run.take() {
-                        enqueue(p, &t, bodies, c, &mut log);
+                    if let Some((t, r, bodies)) = run.take() {
+                        enqueue(p, &t, r, bodies, c, &mut log);
                     }
-                    run = Some((topic, vec![body]));
+                    run = Some((topic, retain, vec![body]));
                 }
             }
         }
-        if let Some((t, bodies)) = run.take() {
-            enqueue(p, &t, bodies, c, &mut log);
+        if let Some((t, r, bodies)) = run.take() {
+            enqueue(p, &t, r, bodies, c, &mut log);
         }
     }
 }
@@ -857,12 +864,13 @@ fn publish_loop(
 fn enqueue(
     p: &Publisher,
     topic: &str,
+    retain: bool,
     bodies: Vec<String>,
     c: &BridgeCounters,
     log: &mut LogLimit,
 ) {
     let n = bodies.len() as u64;
-    match p.enqueue_many(topic, bodies) {
+    match p.enqueue_many_retained(topic, retain, bodies) {
         Ok(_) => {
             c.enqueued.fetch_add(n, Relaxed);
         }
@@ -1223,6 +1231,7 @@ mod tests {
             device: "d".into(),
             topic: "t".into(),
             unit: None,
+            retain: false,
             min_interval_ns: 0,
             last_ns: AtomicU64::new(NEVER),
         });
@@ -1245,6 +1254,7 @@ mod tests {
                 device: "d".into(),
                 topic: "t".into(),
                 unit: None,
+                retain: false,
                 min_interval_ns: 0,
                 last_ns: AtomicU64::new(NEVER),
             }

@@ -105,6 +105,9 @@ pub struct MqttSection {
     pub topic_prefix: String,
     /// Publish every device's new values to `{topic_prefix}{resource path}`.
     pub publish_devices: bool,
+    /// Publish device values with the retain flag: the broker keeps each
+    /// device topic's latest value for late subscribers.
+    pub retain: bool,
     /// Values waiting for the bridge's publishing thread at most; a value
     /// arriving when it is full is dropped and counted.
     pub backlog: usize,
@@ -188,6 +191,7 @@ impl Default for MqttSection {
             window: 1,
             topic_prefix: "mintgate/".into(),
             publish_devices: true,
+            retain: false,
             backlog: 4096,
             publish: Vec::new(),
             command: Vec::new(),
@@ -218,6 +222,9 @@ pub struct MqttPublish {
     /// values in between are skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_interval: Option<String>,
+    /// Publish with the retain flag (default: `[mqtt] retain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain: Option<bool>,
 }
 
 /// One `[[mqtt.command]]` entry: messages on a topic written to an actuator.

@@ -470,3 +470,72 @@ fn a_bounded_queue_drops_the_oldest_and_counts_them_on_metrics() {
     drop(rig);
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// `retain = true` against a real mosquitto: a subscriber that comes after
+/// the gateway stopped gets the device topic's latest value (the last one a
+/// live subscriber saw), and nothing from an entry with `retain = false`.
+/// Skipped without mosquitto unless MINTGATE_REQUIRE_PEERS is set.
+#[test]
+fn a_late_subscriber_gets_the_retained_device_value_from_mosquitto() {
+    let Some(bin) = mintgate_mqtt::broker::find_mosquitto() else {
+        assert!(
+            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+            "mosquitto is required (MINTGATE_REQUIRE_PEERS is set)"
+        );
+        eprintln!("skipping: mosquitto is not installed");
+        return;
+    };
+    let dir = tmp("retain");
+    let broker = mintgate_mqtt::broker::Mosquitto::start(&bin, &dir.join("broker")).unwrap();
+    let mut c = config(
+        &broker.url().to_string(),
+        vec![replay_sensor("count", 40, "20ms")],
+        &dir.join("q"),
+    );
+    c.mqtt.retain = true;
+    let topic = format!("{}sensors/count", c.mqtt.topic_prefix);
+    let plain = format!("{}plain", c.mqtt.topic_prefix);
+    c.mqtt.publish.push(mintgate_gateway::config::MqttPublish {
+        device: "count".into(),
+        topic: plain.clone(),
+        min_interval: None,
+        retain: Some(false),
+    });
+    let mut live = subscribe(&broker.url(), &topic);
+    let rig = Rig::start(&c);
+    let (mut n, mut last) = (0, 0);
+    let end = Instant::now() + Duration::from_secs(20);
+    while n < 10 && Instant::now() < end {
+        if let Some(SubEvent::Delivery(d)) = live.recv_timeout(Duration::from_secs(1)) {
+            (n, last) = (n + 1, d.env.seq);
+        }
+    }
+    assert_eq!(n, 10, "10 live values");
+    drop(rig); // stops publishing; what was enqueued is acknowledged first
+    while let Some(ev) = live.recv_timeout(Duration::from_millis(500)) {
+        if let SubEvent::Delivery(d) = ev {
+            last = d.env.seq;
+        }
+    }
+    let mut late = subscribe(&broker.url(), &topic);
+    let d = loop {
+        match late.recv_timeout(Duration::from_secs(5)) {
+            Some(SubEvent::Delivery(d)) => break d,
+            Some(_) => continue,
+            None => panic!("no retained value for a late subscriber"),
+        }
+    };
+    assert_eq!(d.env.seq, last, "the latest value is the retained one");
+    let j: serde_json::Value = serde_json::from_str(&d.env.msg).unwrap();
+    assert_eq!(j["device"], "count");
+    let mut late_plain = subscribe(&broker.url(), &plain);
+    assert!(
+        !matches!(
+            late_plain.recv_timeout(Duration::from_secs(1)),
+            Some(SubEvent::Delivery(_))
+        ),
+        "retain = false: nothing kept"
+    );
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -192,6 +192,7 @@ struct Shared {
 enum Cmd {
     Enqueue {
         topic: String,
+        retain: bool,
         bodies: Vec<String>,
         reply: oneshot::Sender<Result<RangeInclusive<u64>, PublishError>>,
     },
@@ -343,6 +344,17 @@ impl Publisher {
         topic: &str,
         bodies: Vec<String>,
     ) -> Result<RangeInclusive<u64>, PublishError> {
+        self.enqueue_many_retained(topic, false, bodies)
+    }
+
+    /// [`Publisher::enqueue_many`] with the retain flag `retain` on each
+    /// PUBLISH (the broker keeps the topic's latest for late subscribers).
+    pub fn enqueue_many_retained(
+        &self,
+        topic: &str,
+        retain: bool,
+        bodies: Vec<String>,
+    ) -> Result<RangeInclusive<u64>, PublishError> {
         check_topic(topic).map_err(PublishError::Invalid)?;
         if bodies.is_empty() {
             return Err(PublishError::Invalid("nothing to enqueue".into()));
@@ -351,6 +363,7 @@ impl Publisher {
         self.tx
             .send(Cmd::Enqueue {
                 topic: topic.to_owned(),
+                retain,
                 bodies,
                 reply,
             })
@@ -562,14 +575,14 @@ impl Driver {
             let close_at = closing.as_ref().map(|(d, _)| *d);
             tokio::select! {
                 cmd = rx.recv(), if closing.is_none() => match cmd {
-                    Some(Cmd::Enqueue { topic, bodies, reply }) => {
+                    Some(Cmd::Enqueue { topic, retain, bodies, reply }) => {
                         // Take every enqueue that is waiting too: one
                         // durable write for all of them (group commit).
-                        let mut next = Some(Cmd::Enqueue { topic, bodies, reply });
+                        let mut next = Some(Cmd::Enqueue { topic, retain, bodies, reply });
                         while let Some(cmd) = next.take() {
                             match cmd {
-                                Cmd::Enqueue { topic, bodies, reply } => {
-                                    self.stage(&topic, &bodies, reply);
+                                Cmd::Enqueue { topic, retain, bodies, reply } => {
+                                    self.stage(&topic, retain, &bodies, reply);
                                     next = rx.try_recv().ok();
                                 }
                                 other => {
@@ -729,9 +742,10 @@ impl Driver {
         match cmd {
             Cmd::Enqueue {
                 topic,
+                retain,
                 bodies,
                 reply,
-            } => self.stage(&topic, &bodies, reply),
+            } => self.stage(&topic, retain, &bodies, reply),
             Cmd::NextSeq { topic, reply } => {
                 let _ = reply.send(self.queue.next_seq(&topic));
             }
@@ -745,7 +759,7 @@ impl Driver {
     /// the queue's bounds let in); the caller is answered when it is done.
     /// While the store cannot write, everything is refused at once, and the
     /// store is tried again at most every [`STORE_RETRY`].
-    fn stage(&mut self, topic: &str, bodies: &[String], reply: EnqueueReply) {
+    fn stage(&mut self, topic: &str, retain: bool, bodies: &[String], reply: EnqueueReply) {
         let n = bodies.len() as u64;
         if !self.store_ready() {
             self.refuse_disk(n);
@@ -762,7 +776,7 @@ impl Driver {
         for b in bodies {
             // Refused ones take no number: the rest are refused too (with
             // refuse-new, nothing frees room meanwhile).
-            if let Some(m) = self.queue.offer(topic, b, ts) {
+            if let Some(m) = self.queue.offer_retained(topic, b, ts, retain) {
                 self.staged.push(m);
                 accepted += 1;
             }
@@ -982,7 +996,7 @@ impl Driver {
         }
         loop {
             while let Some(m) = self.queue.poll_transmit() {
-                c.publish(&m.topic, self.cfg.qos, m.payload)?;
+                c.publish_retained(&m.topic, self.cfg.qos, m.retain, m.payload)?;
                 self.handed.push_back(m.id);
             }
             match self.queue.wants_load() {

@@ -59,6 +59,9 @@ pub struct QueuedMessage {
     pub topic: String,
     /// The PUBLISH payload: the JSON [`Envelope`] carrying `seq`.
     pub payload: Vec<u8>,
+    /// Published with the retain flag (the broker keeps the topic's latest
+    /// for late subscribers).
+    pub retain: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -485,7 +488,20 @@ impl PubQueue {
     /// message is refused (it takes no number). Messages dropped to make
     /// room are counted and their ids kept for [`PubQueue::take_dropped`].
     pub fn offer(&mut self, topic: &str, body: &str, ts_ms: u64) -> Option<QueuedMessage> {
-        let m = self.numbered(topic, body, ts_ms);
+        self.offer_retained(topic, body, ts_ms, false)
+    }
+
+    /// [`PubQueue::offer`] of a message published with the retain flag
+    /// `retain`.
+    pub fn offer_retained(
+        &mut self,
+        topic: &str,
+        body: &str,
+        ts_ms: u64,
+        retain: bool,
+    ) -> Option<QueuedMessage> {
+        let mut m = self.numbered(topic, body, ts_ms);
+        m.retain = retain;
         let c = cost(&m.topic, &m.payload);
         let fits = |q: &PubQueue| {
             (q.len() as u64) < q.limits.max_messages
@@ -519,6 +535,7 @@ impl PubQueue {
             seq,
             topic: topic.to_owned(),
             payload: env.encode(),
+            retain: false,
         }
     }
 
@@ -771,6 +788,7 @@ mod tests {
                 seq: 4,
                 topic: "t".into(),
                 payload: vec![],
+                retain: false,
             }],
         );
         assert_eq!((c.next_id(), c.next_seq("t"), c.next_seq("u")), (10, 5, 1));

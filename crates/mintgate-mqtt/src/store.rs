@@ -224,10 +224,15 @@ impl std::fmt::Debug for RedbStore {
     }
 }
 
-/// Stored value: topic length (u16, big-endian), topic, payload.
+/// Stored value: topic length (u16, big-endian), topic, payload. A
+/// retained message is preceded by 0, 0, [`RETAIN`] (no topic is empty, so
+/// records written before the flag existed read as they were).
 fn encode_record(m: &QueuedMessage) -> Vec<u8> {
     let t = m.topic.as_bytes();
-    let mut v = Vec::with_capacity(2 + t.len() + m.payload.len());
+    let mut v = Vec::with_capacity(5 + t.len() + m.payload.len());
+    if m.retain {
+        v.extend_from_slice(&[0, 0, RETAIN]);
+    }
     v.extend_from_slice(&(t.len() as u16).to_be_bytes());
     v.extend_from_slice(t);
     v.extend_from_slice(&m.payload);
@@ -238,6 +243,7 @@ fn encode_record(m: &QueuedMessage) -> Vec<u8> {
 /// id itself for a payload that is not an envelope, which this crate never
 /// writes).
 fn decode_record(id: u64, v: &[u8]) -> Option<QueuedMessage> {
+    let (retain, v) = flags(v)?;
     let n = u16::from_be_bytes([*v.first()?, *v.get(1)?]) as usize;
     let topic = std::str::from_utf8(v.get(2..2 + n)?).ok()?.to_owned();
     let payload = v.get(2 + n..)?.to_vec();
@@ -247,12 +253,28 @@ fn decode_record(id: u64, v: &[u8]) -> Option<QueuedMessage> {
         seq,
         topic,
         payload,
+        retain,
     })
 }
+
+/// The flag of a record: retained or not, and the record after it.
+fn flags(v: &[u8]) -> Option<(bool, &[u8])> {
+    match v {
+        [0, 0, f, rest @ ..] if *f == RETAIN => Some((true, rest)),
+        [0, 0, ..] => None,
+        _ => Some((false, v)),
+    }
+}
+
+/// The record flag of a retained message.
+const RETAIN: u8 = 1;
 
 /// Whether `v` is a well-formed record (its header and topic), without
 /// copying its payload.
 fn record_ok(v: &[u8]) -> bool {
+    let Some((_, v)) = flags(v) else {
+        return false;
+    };
     let Some(n) = v
         .get(..2)
         .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
@@ -429,7 +451,12 @@ fn open_db(
                         full: false,
                     });
                 }
-                index.push((id, v.len() as u64 - 2));
+                let head = if flags(v).is_some_and(|(r, _)| r) {
+                    5
+                } else {
+                    2
+                };
+                index.push((id, v.len() as u64 - head));
             }
             Recovered {
                 publisher,
@@ -762,6 +789,7 @@ mod tests {
                         seq,
                         topic: topic.into(),
                         payload: env.encode(),
+                        retain: false,
                     };
                     t.insert(seq, encode_record(&m).as_slice()).unwrap();
                 }
@@ -855,16 +883,30 @@ mod tests {
 
     #[test]
     fn record_codec_rejects_truncation() {
-        let m = QueuedMessage {
+        let mut m = QueuedMessage {
             id: 1,
             seq: 1,
             topic: "t/x".into(),
             payload: b"{}".to_vec(),
+            retain: false,
         };
         let r = encode_record(&m);
-        assert_eq!(decode_record(1, &r), Some(m));
+        assert_eq!(decode_record(1, &r), Some(m.clone()));
         for cut in 0..5 {
             assert_eq!(decode_record(1, &r[..cut]), None, "cut {cut}");
         }
+        m.retain = true;
+        let r = encode_record(&m);
+        assert!(record_ok(&r));
+        assert_eq!(decode_record(1, &r), Some(m));
+        for cut in 0..8 {
+            assert_eq!(decode_record(1, &r[..cut]), None, "cut {cut}");
+            assert!(!record_ok(&r[..cut]), "cut {cut}");
+        }
+        assert_eq!(
+            decode_record(1, &[0, 0, 9, 0, 1, b't']),
+            None,
+            "unknown flag"
+        );
     }
 }
