@@ -7,8 +7,9 @@
 //! - a wrong password, a wrong CA, an expired certificate and a host name the
 //!   certificate does not carry: each a clear error, and the queue keeps its
 //!   messages;
-//! - a topic the ACL forbids (refused in the PUBACK over MQTT 5, dropped by
-//!   the broker over 3.1.1);
+//! - a topic the ACL forbids: refused in the PUBACK over MQTT 5 (the queue
+//!   drops and counts it, and the next message goes through), dropped by the
+//!   broker over 3.1.1;
 //! - mutual TLS: a client certificate as the identity, and no certificate;
 //! - the broker restarted mid-stream over TLS: nothing lost or reordered;
 //! - `mintgate serve --mqtt`'s status topic: `online` retained on connect,
@@ -399,23 +400,31 @@ fn tls_with_password_publish_subscribe_and_refusals() {
         assert_eq!((st.connected, st.unacked), (false, 1), "{e}");
     }
 
-    // a topic the ACL forbids: MQTT 5 says so in the PUBACK; the message
-    // stays queued
-    let p = Publisher::start(PublisherConfig::new(gw(
-        url_for(&broker, "localhost", true),
-        &pki.ca,
-    )))
-    .unwrap();
-    p.enqueue("forbidden/x", "no").unwrap();
-    let st = first_failure(&p);
-    let e = st.last_error.clone().unwrap_or_default();
-    assert!(e.contains("NotAuthorized"), "{e}");
-    assert_eq!(st.unacked, 1);
-    drop(p);
-    // ... and over MQTT 3.1.1 mosquitto acknowledges it and drops it: a
-    // subscriber allowed to read everything sees nothing of it
+    // a topic the ACL forbids: MQTT 5 says so in the PUBACK; the queue
+    // drops that message (counted), not resending it for ever, and the
+    // messages behind it go through, on the same connection
     let tap = Tap::start(&reader, "t/#");
     assert!(tap.control.wait_subscribed(Duration::from_secs(10)));
+    let mut cfg = PublisherConfig::new(gw(url_for(&broker, "localhost", true), &pki.ca));
+    cfg.window = 4;
+    let p = Publisher::start(cfg).unwrap();
+    p.enqueue("t/before", "1").unwrap();
+    p.enqueue("forbidden/x", "no").unwrap();
+    p.enqueue("forbidden/y", "no").unwrap();
+    p.enqueue("t/after5", "2").unwrap();
+    assert!(p.wait_idle(Duration::from_secs(10)), "{:?}", p.status());
+    let st = p.close(Duration::from_secs(1));
+    assert_eq!(
+        (st.queue.refused_by_broker, st.queue.acked, st.connects),
+        (2, 2, 1),
+        "{st:?}"
+    );
+    for want in ["t/before", "t/after5"] {
+        let got = tap.rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(got.0, want);
+    }
+    // ... and over MQTT 3.1.1 mosquitto acknowledges it and drops it: a
+    // subscriber allowed to read everything sees nothing of it
     let p = Publisher::start(PublisherConfig::new(gw(
         url_for(&broker, "localhost", false),
         &pki.ca,

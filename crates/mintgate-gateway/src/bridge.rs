@@ -106,6 +106,8 @@ struct Route {
     device: String,
     topic: String,
     unit: Option<String>,
+    /// Published with the retain flag.
+    retain: bool,
     /// 0: every value.
     min_interval_ns: u64,
     /// When the last value passed, ns since the hub's start (`NEVER`: none).
@@ -358,6 +360,8 @@ pub struct MqttBridge {
     threads: Vec<JoinHandle<()>>,
     watches: Vec<(Arc<Device>, u64)>,
     routes: Vec<(String, String)>,
+    /// The publish queue's bounds.
+    limits: mintgate_mqtt::queue::Limits,
     /// Kept so that the broker's addresses stay documented; rumqttd itself
     /// cannot be stopped and lives until the process exits.
     _embedded: Option<EmbeddedBroker>,
@@ -397,6 +401,7 @@ impl MqttBridge {
                     device: dev.name().to_string(),
                     topic: format!("{}{}", cfg.topic_prefix, resource_path(&dev)),
                     unit: dev.spec().unit.clone(),
+                    retain: cfg.retain,
                     min_interval_ns: 0,
                     last_ns: AtomicU64::new(NEVER),
                 }));
@@ -418,6 +423,7 @@ impl MqttBridge {
                 device: p.device.clone(),
                 topic: p.topic.clone(),
                 unit: dev.spec().unit.clone(),
+                retain: p.retain.unwrap_or(cfg.retain),
                 min_interval_ns: min.as_nanos() as u64,
                 last_ns: AtomicU64::new(NEVER),
             }));
@@ -511,6 +517,7 @@ impl MqttBridge {
         pc.window = cfg.window;
         pc.state = cfg.persist.then(|| cfg.state.clone());
         pc.status_topic = cfg.status_topic();
+        pc.limits = cfg.queue.limits();
         let publisher = Arc::new(Publisher::start(pc)?);
         let status = publisher.status();
         if status.resumed > 0 {
@@ -541,6 +548,7 @@ impl MqttBridge {
                 .iter()
                 .map(|r| (r.device.clone(), r.topic.clone()))
                 .collect(),
+            limits: cfg.queue.limits(),
             _embedded: embedded,
         };
 
@@ -683,6 +691,7 @@ impl MqttBridge {
             .map(Arc::downgrade)
             .unwrap_or_default();
         let broker = self.broker.to_string();
+        let limits = self.limits;
         Arc::new(move || {
             let st = p.upgrade().map(|p| p.status());
             serde_json::json!({
@@ -694,6 +703,13 @@ impl MqttBridge {
                 },
                 "broker": broker,
                 "queue_depth": st.as_ref().map(|s| s.unacked),
+                "queue_bytes": st.as_ref().map(|s| s.bytes),
+                "queue_max_messages": limits.max_messages,
+                "queue_dropped_full": st.as_ref().map(|s| s.queue.dropped_full),
+                "queue_refused_full": st.as_ref().map(|s| s.queue.refused_full),
+                "queue_refused_disk_full": st.as_ref().map(|s| s.queue.refused_disk),
+                "queue_refused_by_broker": st.as_ref().map(|s| s.queue.refused_by_broker),
+                "store_full": st.as_ref().map(|s| s.store_full),
                 "connects": st.as_ref().map(|s| s.connects),
                 "last_error": st.as_ref().and_then(|s| s.last_error.clone()),
                 "enqueued": c.enqueued.load(Relaxed),
@@ -779,15 +795,16 @@ fn publish_loop(
             }
         }
         // consecutive messages to one topic go in one durable write
-        let mut run: Option<(Arc<str>, Vec<String>)> = None;
+        let mut run: Option<(Arc<str>, bool, Vec<String>)> = None;
         for it in batch.drain(..) {
-            let (topic, body): (Arc<str>, String) = match it {
+            let (topic, retain, body): (Arc<str>, bool, String) = match it {
                 Item::Value {
                     route,
                     value,
                     unix_ms,
                 } => (
                     route.topic.as_str().into(),
+                    route.retain,
                     value_body(&route.device, route.unit.as_deref(), value, unix_ms),
                 ),
                 Item::Link {
@@ -806,6 +823,7 @@ fn publish_loop(
                         .and_then(|d| d.spec().unit.clone());
                     (
                         topic,
+                        false,
                         value_body(
                             name.as_deref().unwrap_or("?"),
                             unit.as_deref(),
@@ -823,21 +841,22 @@ fn publish_loop(
                     unix_ms,
                 } => (
                     topic,
+                    false,
                     observed_body(&uri, observe, content_format, &payload, unix_ms),
                 ),
             };
             match &mut run {
-                Some((t, bodies)) if **t == *topic => bodies.push(body),
+                Some((t, r, bodies)) if **t == *topic && *r == retain => bodies.push(body),
                 _ => {
-                    if let Some((t, bodies)) = run.take() {
-                        enqueue(p, &t, bodies, c, &mut log);
+                    if let Some((t, r, bodies)) = run.take() {
+                        enqueue(p, &t, r, bodies, c, &mut log);
                     }
-                    run = Some((topic, vec![body]));
+                    run = Some((topic, retain, vec![body]));
                 }
             }
         }
-        if let Some((t, bodies)) = run.take() {
-            enqueue(p, &t, bodies, c, &mut log);
+        if let Some((t, r, bodies)) = run.take() {
+            enqueue(p, &t, r, bodies, c, &mut log);
         }
     }
 }
@@ -845,14 +864,29 @@ fn publish_loop(
 fn enqueue(
     p: &Publisher,
     topic: &str,
+    retain: bool,
     bodies: Vec<String>,
     c: &BridgeCounters,
     log: &mut LogLimit,
 ) {
     let n = bodies.len() as u64;
-    match p.enqueue_many(topic, bodies) {
+    match p.enqueue_many_retained(topic, retain, bodies) {
         Ok(_) => {
             c.enqueued.fetch_add(n, Relaxed);
+        }
+        // Counted by the queue itself (mintgate_mqtt_queue_refused_total)
+        // and said by it when the disk fills; a full queue is said here.
+        Err(mintgate_mqtt::publisher::PublishError::Refused {
+            accepted,
+            refused,
+            why,
+        }) => {
+            c.enqueued.fetch_add(accepted, Relaxed);
+            if why == mintgate_mqtt::publisher::Refusal::QueueFull {
+                log.warn(format_args!(
+                    "MQTT bridge: {refused} message(s) to {topic:?} refused: {why}"
+                ));
+            }
         }
         Err(e) => {
             c.dropped_error.fetch_add(n, Relaxed);
@@ -1058,6 +1092,7 @@ fn render_metrics(c: &BridgeCounters, st: Option<Status>, out: &mut String) {
         "Observe registrations sent (first ones and renewals).",
         &[("", g(&c.observe_registrations))],
     );
+    let gauges = st.as_ref().map(|st| (st.bytes, st.store_full));
     if let Some(st) = st {
         one(
             "mintgate_mqtt_published_total",
@@ -1078,10 +1113,47 @@ fn render_metrics(c: &BridgeCounters, st: Option<Status>, out: &mut String) {
             &[("", st.unacked as u64)],
         );
         one(
+            "mintgate_mqtt_queue_dropped_total",
+            "counter",
+            "Queued messages dropped unsent, by reason (full: the oldest, to make room under \
+             mqtt.queue; broker: its PUBACK refused the message).",
+            &[
+                ("{reason=\"full\"}", st.queue.dropped_full),
+                ("{reason=\"broker\"}", st.queue.refused_by_broker),
+            ],
+        );
+        one(
+            "mintgate_mqtt_queue_refused_total",
+            "counter",
+            "New messages the publish queue refused, by reason (full: mqtt.queue.when_full = \
+             refuse-new; disk: its store could not write).",
+            &[
+                ("{reason=\"full\"}", st.queue.refused_full),
+                ("{reason=\"disk\"}", st.queue.refused_disk),
+            ],
+        );
+        one(
             "mintgate_mqtt_connected",
             "gauge",
             "1 while the publish queue is connected to the broker.",
             &[("", u64::from(st.connected))],
+        );
+    }
+    if let Some((bytes, store_full)) = gauges {
+        crate::metrics::write_families(
+            out,
+            &[
+                (
+                    "mintgate_mqtt_queue_bytes",
+                    "Bytes (topics and payloads) of the queued messages not yet acknowledged.",
+                    bytes,
+                ),
+                (
+                    "mintgate_mqtt_store_full",
+                    "1 while the publish queue's store cannot write (disk full).",
+                    u64::from(store_full),
+                ),
+            ],
         );
     }
 }
@@ -1159,6 +1231,7 @@ mod tests {
             device: "d".into(),
             topic: "t".into(),
             unit: None,
+            retain: false,
             min_interval_ns: 0,
             last_ns: AtomicU64::new(NEVER),
         });
@@ -1181,6 +1254,7 @@ mod tests {
                 device: "d".into(),
                 topic: "t".into(),
                 unit: None,
+                retain: false,
                 min_interval_ns: 0,
                 last_ns: AtomicU64::new(NEVER),
             }

@@ -108,6 +108,9 @@ pub struct MqttSection {
     pub topic_prefix: String,
     /// Publish every device's new values to `{topic_prefix}{resource path}`.
     pub publish_devices: bool,
+    /// Publish device values with the retain flag: the broker keeps each
+    /// device topic's latest value for late subscribers.
+    pub retain: bool,
     /// Values waiting for the bridge's publishing thread at most; a value
     /// arriving when it is full is dropped and counted.
     pub backlog: usize,
@@ -140,6 +143,42 @@ pub struct MqttSection {
     pub status_online: String,
     /// Payload of the status topic once gone.
     pub status_offline: String,
+    /// `[mqtt.queue]`: the publish queue's bounds.
+    pub queue: MqttQueue,
+}
+
+/// `[mqtt.queue]`: how much the publish queue holds while the broker is
+/// away, and what happens when it is full.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttQueue {
+    /// Most unacknowledged messages.
+    pub max_messages: u64,
+    /// Most bytes (topics and payloads) of unacknowledged messages.
+    pub max_bytes: u64,
+    /// `"drop-oldest"` (the newest values matter most) or `"refuse-new"`.
+    pub when_full: String,
+}
+
+impl Default for MqttQueue {
+    fn default() -> Self {
+        MqttQueue {
+            max_messages: 100_000,
+            max_bytes: 64 << 20,
+            when_full: "drop-oldest".into(),
+        }
+    }
+}
+
+impl MqttQueue {
+    /// The bounds for the publish queue (after [`MqttSection::validate`]).
+    pub fn limits(&self) -> mintgate_mqtt::queue::Limits {
+        mintgate_mqtt::queue::Limits {
+            max_messages: self.max_messages,
+            max_bytes: self.max_bytes,
+            when_full: self.when_full.parse().unwrap_or_default(),
+        }
+    }
 }
 
 impl Default for MqttSection {
@@ -155,6 +194,7 @@ impl Default for MqttSection {
             window: 1,
             topic_prefix: "mintgate/".into(),
             publish_devices: true,
+            retain: false,
             backlog: 4096,
             publish: Vec::new(),
             command: Vec::new(),
@@ -168,6 +208,7 @@ impl Default for MqttSection {
             status_topic: String::new(),
             status_online: "online".into(),
             status_offline: "offline".into(),
+            queue: MqttQueue::default(),
         }
     }
 }
@@ -184,6 +225,9 @@ pub struct MqttPublish {
     /// values in between are skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_interval: Option<String>,
+    /// Publish with the retain flag (default: `[mqtt] retain`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain: Option<bool>,
 }
 
 /// One `[[mqtt.command]]` entry: messages on a topic written to an actuator.
@@ -307,6 +351,31 @@ impl MqttSection {
                 "mqtt.window",
                 format!("{} is outside 1..=1024", self.window),
             );
+        }
+        if !(1..=10_000_000).contains(&self.queue.max_messages)
+            || self.queue.max_messages <= self.window as u64
+        {
+            return v(
+                "mqtt.queue.max_messages",
+                format!(
+                    "{} is outside {}..=10000000 (more than mqtt.window)",
+                    self.queue.max_messages,
+                    self.window + 1
+                ),
+            );
+        }
+        if !(4096..=1 << 40).contains(&self.queue.max_bytes) {
+            return v(
+                "mqtt.queue.max_bytes",
+                format!("{} is outside 4096..=2^40", self.queue.max_bytes),
+            );
+        }
+        if let Err(e) = self
+            .queue
+            .when_full
+            .parse::<mintgate_mqtt::queue::WhenFull>()
+        {
+            return v("mqtt.queue.when_full", e);
         }
         if !(1..=1 << 20).contains(&self.backlog) {
             return v(
@@ -1708,6 +1777,9 @@ accept = "json"
             ("[mqtt]\nqos = 0", "mqtt.qos", "not 1 or 2"),
             ("[mqtt]\nwindow = 0", "mqtt.window", "1..=1024"),
             ("[mqtt]\nbacklog = 0", "mqtt.backlog", "outside"),
+            ("[mqtt.queue]\nmax_messages = 1", "mqtt.queue.max_messages", "more than mqtt.window"),
+            ("[mqtt.queue]\nmax_bytes = 100", "mqtt.queue.max_bytes", "outside"),
+            ("[mqtt.queue]\nwhen_full = \"drop\"", "mqtt.queue.when_full", "\"drop-oldest\" or"),
             ("[mqtt]\ntopic_prefix = \"a/#/\"", "mqtt.topic_prefix", "may not contain"),
             ("[mqtt]\nstate = \"\"", "mqtt.state", "folder"),
             (

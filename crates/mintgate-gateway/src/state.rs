@@ -108,10 +108,27 @@ pub fn check(key: &'static str, dir: &Path) -> Result<u64, StateError> {
     Ok(free)
 }
 
-/// Checks every folder of `cfg`, in order; the first failure.
+/// Checks every folder of `cfg`, in order; the first failure. A full MQTT
+/// queue folder is only a warning: the gateway serves, and the publish
+/// queue refuses messages (counted) until there is space again.
 pub fn check_all(cfg: &Config) -> Result<(), StateError> {
     for (key, dir) in state_dirs(cfg) {
-        let free = check(key, &dir)?;
+        let free = match check(key, &dir) {
+            Err(e) if key == "mqtt.state" && is_full(&e) => {
+                let cause = match &e {
+                    StateError::Write { source, .. } | StateError::Create { source, .. } => {
+                        format!(": {source}")
+                    }
+                    StateError::Space { .. } => String::new(),
+                };
+                tracing::warn!(
+                    "{e}{cause}; starting anyway: the MQTT publish queue refuses messages until \
+                     there is space again"
+                );
+                continue;
+            }
+            r => r?,
+        };
         if free < 64 * MIN_FREE_BYTES {
             tracing::warn!(
                 key,
@@ -122,6 +139,16 @@ pub fn check_all(cfg: &Config) -> Result<(), StateError> {
         }
     }
     Ok(())
+}
+
+/// The folder is full (as opposed to read-only or not writable).
+fn is_full(e: &StateError) -> bool {
+    match e {
+        StateError::Space { .. } => true,
+        StateError::Write { source, .. } | StateError::Create { source, .. } => {
+            mintgate_mqtt::store::is_full_io(source)
+        }
+    }
 }
 
 /// Bytes available to unprivileged users on the file system of `dir`.

@@ -420,3 +420,122 @@ fn an_observed_coap_resource_is_published() {
     let _ = std::fs::remove_dir_all(&state);
     let _ = std::fs::remove_dir_all(&rstate);
 }
+
+/// The value of the sample `name` (with its labels) in an exposition.
+fn sample(m: &str, name: &str) -> Option<u64> {
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `[mqtt.queue]` with the broker away: the queue holds `max_messages`,
+/// drop-oldest drops the rest, and /metrics and the dashboard count every
+/// dropped message exactly (everything the bridge enqueued is either still
+/// queued or dropped: nothing was acknowledged).
+#[test]
+fn a_bounded_queue_drops_the_oldest_and_counts_them_on_metrics() {
+    let state = tmp("bounded");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut c = config(
+        &format!("mqtt://127.0.0.1:{port}"),
+        vec![replay_sensor("count", 40, "1ms")],
+        &state,
+    );
+    c.mqtt.queue.max_messages = 20;
+    let rig = Rig::start(&c);
+    let mut seen = String::new();
+    let counted = wait_for(Duration::from_secs(20), || {
+        seen = rig.metrics();
+        let e = sample(&seen, "mintgate_mqtt_bridge_enqueued_total").unwrap_or(0);
+        let d = sample(&seen, "mintgate_mqtt_queue_dropped_total{reason=\"full\"}").unwrap_or(0);
+        let u = sample(&seen, "mintgate_mqtt_unacked").unwrap_or(0);
+        e >= 100 && u == 20 && e == d + u
+    });
+    assert!(counted, "{seen}");
+    assert_eq!(
+        sample(&seen, "mintgate_mqtt_queue_refused_total{reason=\"full\"}"),
+        Some(0)
+    );
+    assert_eq!(sample(&seen, "mintgate_mqtt_store_full"), Some(0));
+    assert!(sample(&seen, "mintgate_mqtt_queue_bytes").unwrap() > 0);
+    let st = mintgate_gateway::dashboard::state_json(&rig.gw.handle());
+    assert_eq!(st["mqtt"]["queue_max_messages"], 20, "{st}");
+    assert!(
+        st["mqtt"]["queue_dropped_full"].as_u64().unwrap() >= 80,
+        "{st}"
+    );
+    drop(rig);
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+/// `retain = true` against a real mosquitto: a subscriber that comes after
+/// the gateway stopped gets the device topic's latest value (the last one a
+/// live subscriber saw), and nothing from an entry with `retain = false`.
+/// Skipped without mosquitto unless MINTGATE_REQUIRE_PEERS is set.
+#[test]
+fn a_late_subscriber_gets_the_retained_device_value_from_mosquitto() {
+    let Some(bin) = mintgate_mqtt::broker::find_mosquitto() else {
+        assert!(
+            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+            "mosquitto is required (MINTGATE_REQUIRE_PEERS is set)"
+        );
+        eprintln!("skipping: mosquitto is not installed");
+        return;
+    };
+    let dir = tmp("retain");
+    let broker = mintgate_mqtt::broker::Mosquitto::start(&bin, &dir.join("broker")).unwrap();
+    let mut c = config(
+        &broker.url().to_string(),
+        vec![replay_sensor("count", 40, "20ms")],
+        &dir.join("q"),
+    );
+    c.mqtt.retain = true;
+    let topic = format!("{}sensors/count", c.mqtt.topic_prefix);
+    let plain = format!("{}plain", c.mqtt.topic_prefix);
+    c.mqtt.publish.push(mintgate_gateway::config::MqttPublish {
+        device: "count".into(),
+        topic: plain.clone(),
+        min_interval: None,
+        retain: Some(false),
+    });
+    let mut live = subscribe(&broker.url(), &topic);
+    let rig = Rig::start(&c);
+    let (mut n, mut last) = (0, 0);
+    let end = Instant::now() + Duration::from_secs(20);
+    while n < 10 && Instant::now() < end {
+        if let Some(SubEvent::Delivery(d)) = live.recv_timeout(Duration::from_secs(1)) {
+            (n, last) = (n + 1, d.env.seq);
+        }
+    }
+    assert_eq!(n, 10, "10 live values");
+    drop(rig); // stops publishing; what was enqueued is acknowledged first
+    while let Some(ev) = live.recv_timeout(Duration::from_millis(500)) {
+        if let SubEvent::Delivery(d) = ev {
+            last = d.env.seq;
+        }
+    }
+    let mut late = subscribe(&broker.url(), &topic);
+    let d = loop {
+        match late.recv_timeout(Duration::from_secs(5)) {
+            Some(SubEvent::Delivery(d)) => break d,
+            Some(_) => continue,
+            None => panic!("no retained value for a late subscriber"),
+        }
+    };
+    assert_eq!(d.env.seq, last, "the latest value is the retained one");
+    let j: serde_json::Value = serde_json::from_str(&d.env.msg).unwrap();
+    assert_eq!(j["device"], "count");
+    let mut late_plain = subscribe(&broker.url(), &plain);
+    assert!(
+        !matches!(
+            late_plain.recv_timeout(Duration::from_secs(1)),
+            Some(SubEvent::Delivery(_))
+        ),
+        "retain = false: nothing kept"
+    );
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}

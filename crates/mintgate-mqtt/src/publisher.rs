@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::conn::{check_topic, BrokerUrl, Conn, ConnOptions, LinkEvent, Qos};
 use crate::payload::now_ms;
-use crate::queue::{PubQueue, QueueStats, QueuedMessage};
+use crate::queue::{Limits, PubQueue, QueueStats, QueuedMessage, WhenFull};
 use crate::store::{MemStore, RedbStore, Store};
 
 /// How to run a [`Publisher`].
@@ -55,7 +55,26 @@ pub struct PublisherConfig {
     /// The gateway's status topic: a retained `online` on every connection,
     /// a retained `offline` as the last will and on an orderly stop.
     pub status_topic: Option<StatusTopic>,
+    /// The queue's bounds and what happens when they are reached.
+    pub limits: Limits,
+    /// Most payloads held in memory with a persistent store (the others are
+    /// read back from it in chunks when their turn comes).
+    pub resident: usize,
 }
+
+/// The bounds of [`PublisherConfig::new`]: 100,000 messages, 64 MiB,
+/// refuse what does not fit (the caller hears it).
+pub const DEFAULT_LIMITS: Limits = Limits {
+    max_messages: 100_000,
+    max_bytes: 64 << 20,
+    when_full: WhenFull::RefuseNew,
+};
+
+/// Payloads held in memory by default (see [`PublisherConfig::resident`]).
+pub const DEFAULT_RESIDENT: usize = 1024;
+
+/// While the store cannot write (disk full), how often a write is tried.
+const STORE_RETRY: Duration = Duration::from_secs(1);
 
 /// A status topic and its two payloads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +102,8 @@ impl PublisherConfig {
             client_id: None,
             ack_flush: Duration::from_millis(100),
             status_topic: None,
+            limits: DEFAULT_LIMITS,
+            resident: DEFAULT_RESIDENT,
         }
     }
 }
@@ -96,6 +117,18 @@ pub enum PublishError {
     /// The durable write of this message failed (the publisher stops).
     #[error("the publish queue's store failed: {0}")]
     StoreFailed(String),
+    /// Some or all messages of the call were refused: the queue is full
+    /// (`mqtt.queue.when_full = "refuse-new"`) or its store cannot write
+    /// (disk full). The first `accepted` were queued.
+    #[error("{refused} message(s) refused ({accepted} accepted): {why}")]
+    Refused {
+        /// Messages queued (the first ones of the call).
+        accepted: u64,
+        /// Messages refused.
+        refused: u64,
+        /// Why.
+        why: Refusal,
+    },
     /// Bad argument (topic, QoS).
     #[error("{0}")]
     Invalid(String),
@@ -107,9 +140,31 @@ pub enum PublishError {
     Thread(std::io::Error),
 }
 
+/// Why messages were refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The queue holds its `max_messages` or `max_bytes`.
+    QueueFull,
+    /// The store cannot write (disk full).
+    DiskFull,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refusal::QueueFull => "the publish queue is full",
+            Refusal::DiskFull => "the publish queue's store is out of disk space",
+        })
+    }
+}
+
 /// A snapshot of the publisher.
 #[derive(Clone, Debug, Default)]
 pub struct Status {
+    /// Bytes (topics and payloads) of the unacknowledged messages.
+    pub bytes: u64,
+    /// The store cannot write now (disk full): new messages are refused.
+    pub store_full: bool,
     /// The queue id the next message gets (its order over all topics;
     /// [`Publisher::next_seq`] tells a topic's next sequence number).
     pub next_id: u64,
@@ -137,6 +192,7 @@ struct Shared {
 enum Cmd {
     Enqueue {
         topic: String,
+        retain: bool,
         bodies: Vec<String>,
         reply: oneshot::Sender<Result<RangeInclusive<u64>, PublishError>>,
     },
@@ -178,8 +234,16 @@ impl Publisher {
                 .map_err(|e| PublishError::Invalid(format!("status topic: {e}")))?;
         }
         cfg.broker.check().map_err(PublishError::Invalid)?;
+        let mut store_down = None;
         let store: Box<dyn Store> = match &cfg.state {
-            Some(dir) => Box::new(RedbStore::open(dir, cfg.publisher_id.as_deref())?),
+            Some(dir) => {
+                let s = RedbStore::open_or_defer(dir, cfg.publisher_id.as_deref())?;
+                if !s.is_open() {
+                    // Tried at the first enqueue and then every STORE_RETRY.
+                    store_down = Some((Instant::now() - STORE_RETRY, 0));
+                }
+                Box::new(s)
+            }
             None => Box::new(MemStore::new(
                 cfg.publisher_id
                     .clone()
@@ -187,17 +251,13 @@ impl Publisher {
             )),
         };
         let rec = store.recovered().clone();
-        let queue = PubQueue::restore(
-            rec.publisher.clone(),
-            cfg.window,
-            rec.numbering,
-            rec.unacked,
-        );
+        let queue = new_queue(&cfg, store.as_ref(), rec.clone());
         let shared = Arc::new(Shared {
             status: Mutex::new(Status {
                 next_id: queue.next_id(),
                 unacked: queue.len(),
-                resumed: queue.len(),
+                resumed: rec.index.len(),
+                store_full: store_down.is_some(),
                 ..Status::default()
             }),
             changed: Condvar::new(),
@@ -236,6 +296,8 @@ impl Publisher {
                     staged_replies: Vec::new(),
                     appending: None,
                     announce: false,
+                    store_down,
+                    refusals: RefusalLog::default(),
                 };
                 rt.block_on(d.run(rx));
                 let mut st = lock(&sh.status);
@@ -282,6 +344,17 @@ impl Publisher {
         topic: &str,
         bodies: Vec<String>,
     ) -> Result<RangeInclusive<u64>, PublishError> {
+        self.enqueue_many_retained(topic, false, bodies)
+    }
+
+    /// [`Publisher::enqueue_many`] with the retain flag `retain` on each
+    /// PUBLISH (the broker keeps the topic's latest for late subscribers).
+    pub fn enqueue_many_retained(
+        &self,
+        topic: &str,
+        retain: bool,
+        bodies: Vec<String>,
+    ) -> Result<RangeInclusive<u64>, PublishError> {
         check_topic(topic).map_err(PublishError::Invalid)?;
         if bodies.is_empty() {
             return Err(PublishError::Invalid("nothing to enqueue".into()));
@@ -290,6 +363,7 @@ impl Publisher {
         self.tx
             .send(Cmd::Enqueue {
                 topic: topic.to_owned(),
+                retain,
                 bodies,
                 reply,
             })
@@ -354,6 +428,30 @@ impl Drop for Publisher {
     }
 }
 
+/// The queue over what `store` recovered, with `cfg`'s bounds; messages
+/// the bounds drop at once are forgotten by the store.
+fn new_queue(cfg: &PublisherConfig, store: &dyn Store, rec: crate::store::Recovered) -> PubQueue {
+    let mut q = PubQueue::restore_index(rec.publisher, cfg.window, rec.numbering, &rec.index);
+    if store.can_load() {
+        q.set_resident(cfg.resident);
+    }
+    q.set_limits(cfg.limits);
+    let dropped = q.stats().dropped_full;
+    if dropped > 0 {
+        tracing::warn!(
+            "publish queue: {dropped} stored message(s) dropped at start to fit the queue's bounds"
+        );
+    }
+    q
+}
+
+/// Refusing PUBACKs, said at most every 10 s.
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    since: u64,
+}
+
 fn join_error(e: tokio::task::JoinError) -> crate::store::StoreError {
     crate::store::StoreError::other("flushing acknowledgements", e.to_string())
 }
@@ -388,20 +486,35 @@ struct Driver {
     /// Numbered messages waiting for the next durable write, and the
     /// callers to answer when it is done.
     staged: Vec<QueuedMessage>,
-    staged_replies: Vec<(EnqueueReply, RangeInclusive<u64>)>,
+    staged_replies: Vec<Pending>,
     /// The durable write running on the blocking pool: its job, the last id
     /// it covers and the callers it answers.
     appending: Option<Appending>,
     /// The status topic's `online` is due on this connection.
     announce: bool,
+    /// The store cannot write (disk full): when it was last tried, and the
+    /// messages refused since it failed.
+    store_down: Option<(Instant, u64)>,
+    refusals: RefusalLog,
 }
 
 type EnqueueReply = oneshot::Sender<Result<RangeInclusive<u64>, PublishError>>;
 
+/// A caller to answer once its messages are durable: with `Ok(range)`, or
+/// with the refusal of some of them.
+struct Pending {
+    reply: EnqueueReply,
+    outcome: Result<RangeInclusive<u64>, PublishError>,
+    /// Messages of the call that were staged.
+    staged: u64,
+}
+
 struct Appending {
     job: tokio::task::JoinHandle<Result<(), crate::store::StoreError>>,
     upto: u64,
-    replies: Vec<(EnqueueReply, RangeInclusive<u64>)>,
+    replies: Vec<Pending>,
+    /// What the write holds: (id, topic, seq), to take back if it fails.
+    msgs: Vec<(u64, String, u64)>,
 }
 
 async fn appended(a: &mut Option<Appending>) -> Result<(), crate::store::StoreError> {
@@ -462,14 +575,14 @@ impl Driver {
             let close_at = closing.as_ref().map(|(d, _)| *d);
             tokio::select! {
                 cmd = rx.recv(), if closing.is_none() => match cmd {
-                    Some(Cmd::Enqueue { topic, bodies, reply }) => {
+                    Some(Cmd::Enqueue { topic, retain, bodies, reply }) => {
                         // Take every enqueue that is waiting too: one
                         // durable write for all of them (group commit).
-                        let mut next = Some(Cmd::Enqueue { topic, bodies, reply });
+                        let mut next = Some(Cmd::Enqueue { topic, retain, bodies, reply });
                         while let Some(cmd) = next.take() {
                             match cmd {
-                                Cmd::Enqueue { topic, bodies, reply } => {
-                                    self.stage(&topic, &bodies, reply);
+                                Cmd::Enqueue { topic, retain, bodies, reply } => {
+                                    self.stage(&topic, retain, &bodies, reply);
                                     next = rx.try_recv().ok();
                                 }
                                 other => {
@@ -528,13 +641,28 @@ impl Driver {
                     // Syncs run on the blocking pool, one at a time, so the
                     // connection never waits for the disk.
                     if let Some(h) = flushing.take_if(|h| h.is_finished()) {
-                        if let Err(e) = h.await.unwrap_or_else(|e| Err(join_error(e))) {
-                            tracing::error!("{e}");
-                            self.last_error = Some(e.to_string());
-                            break;
+                        match h.await.unwrap_or_else(|e| Err(join_error(e))) {
+                            Ok(()) => {}
+                            Err(e) if e.is_disk_full() => self.store_full(&e),
+                            Err(e) => {
+                                tracing::error!("{e}");
+                                self.last_error = Some(e.to_string());
+                                break;
+                            }
                         }
                     }
-                    if flushing.is_none() {
+                    // A full disk is tried again without waiting for an
+                    // enqueue, so that sending what is stored resumes.
+                    if self.store_down.is_some() && flushing.is_none() && self.appending.is_none()
+                        && self.store_ready()
+                    {
+                        if let Some((_, refused)) = self.store_down.take() {
+                            tracing::info!(
+                                "publish queue: its store opened again; {refused} message(s) were refused meanwhile"
+                            );
+                        }
+                    }
+                    if flushing.is_none() && self.store_down.is_none() {
                         if let Some(job) = self.store.take_flush_job() {
                             flushing = Some(tokio::task::spawn_blocking(job));
                         }
@@ -558,9 +686,9 @@ impl Driver {
                 .store
                 .append(&msgs, self.queue.next_id())
                 .map(|()| self.queue.next_id() - 1);
-            for (reply, range) in std::mem::take(&mut self.staged_replies) {
-                let _ = reply.send(match &r {
-                    Ok(_) => Ok(range),
+            for p in std::mem::take(&mut self.staged_replies) {
+                let _ = p.reply.send(match &r {
+                    Ok(_) => p.outcome,
                     Err(e) => Err(PublishError::StoreFailed(e.to_string())),
                 });
             }
@@ -614,9 +742,10 @@ impl Driver {
         match cmd {
             Cmd::Enqueue {
                 topic,
+                retain,
                 bodies,
                 reply,
-            } => self.stage(&topic, &bodies, reply),
+            } => self.stage(&topic, retain, &bodies, reply),
             Cmd::NextSeq { topic, reply } => {
                 let _ = reply.send(self.queue.next_seq(&topic));
             }
@@ -626,17 +755,105 @@ impl Driver {
         }
     }
 
-    /// Numbers `bodies` and stages them for the next durable write; the
-    /// caller is answered when it is done.
-    fn stage(&mut self, topic: &str, bodies: &[String], reply: EnqueueReply) {
+    /// Numbers `bodies` and stages them for the next durable write (those
+    /// the queue's bounds let in); the caller is answered when it is done.
+    /// While the store cannot write, everything is refused at once, and the
+    /// store is tried again at most every [`STORE_RETRY`].
+    fn stage(&mut self, topic: &str, retain: bool, bodies: &[String], reply: EnqueueReply) {
+        let n = bodies.len() as u64;
+        if !self.store_ready() {
+            self.refuse_disk(n);
+            let _ = reply.send(Err(PublishError::Refused {
+                accepted: 0,
+                refused: n,
+                why: Refusal::DiskFull,
+            }));
+            return;
+        }
         let ts = now_ms();
         let first = self.queue.next_seq(topic);
+        let mut accepted = 0;
         for b in bodies {
-            let m = self.queue.stage(topic, b, ts);
-            self.staged.push(m);
+            // Refused ones take no number: the rest are refused too (with
+            // refuse-new, nothing frees room meanwhile).
+            if let Some(m) = self.queue.offer_retained(topic, b, ts, retain) {
+                self.staged.push(m);
+                accepted += 1;
+            }
         }
-        let last = self.queue.next_seq(topic) - 1;
-        self.staged_replies.push((reply, first..=last));
+        let dropped = self.queue.take_dropped();
+        if !dropped.is_empty() {
+            let _ = self.store.ack(&dropped);
+        }
+        let outcome = if accepted == n {
+            Ok(first..=first + n - 1)
+        } else {
+            Err(PublishError::Refused {
+                accepted,
+                refused: n - accepted,
+                why: Refusal::QueueFull,
+            })
+        };
+        if accepted == 0 {
+            let _ = reply.send(outcome);
+        } else {
+            self.staged_replies.push(Pending {
+                reply,
+                outcome,
+                staged: accepted,
+            });
+        }
+    }
+
+    /// Whether the store may be written: true unless it failed for want of
+    /// space and trying it again (at most every [`STORE_RETRY`]) fails.
+    fn store_ready(&mut self) -> bool {
+        let Some((at, refused)) = self.store_down else {
+            return true;
+        };
+        if at.elapsed() < STORE_RETRY {
+            return false;
+        }
+        self.store_down = Some((Instant::now(), refused));
+        match self.store.revive() {
+            Ok(None) => true,
+            Ok(Some(rec)) => {
+                // Opened for the first time: nothing was accepted meanwhile,
+                // so the queue is what the store holds.
+                tracing::info!(
+                    "publish queue: its store opened ({} message(s) held)",
+                    rec.index.len()
+                );
+                self.queue = new_queue(&self.cfg, self.store.as_ref(), rec);
+                let dropped = self.queue.take_dropped();
+                let _ = self.store.ack(&dropped);
+                true
+            }
+            Err(e) => {
+                tracing::debug!("publish queue: store still not writable: {e}");
+                false
+            }
+        }
+    }
+
+    /// `n` messages refused because the store cannot write.
+    fn refuse_disk(&mut self, n: u64) {
+        self.queue.count_refused_disk(n);
+        if let Some((_, refused)) = &mut self.store_down {
+            *refused += n;
+        }
+    }
+
+    /// The store failed for want of space: said once (until it works again).
+    fn store_full(&mut self, e: &crate::store::StoreError) {
+        if self.store_down.is_none() {
+            tracing::warn!(
+                "{e}; the MQTT publish queue refuses new messages until there is space again \
+                 ({} message(s) queued are kept and still sent)",
+                self.queue.len()
+            );
+            self.store_down = Some((Instant::now(), 0));
+        }
     }
 
     /// Starts the durable write of what is staged, unless one is running
@@ -648,15 +865,22 @@ impl Driver {
         let msgs = std::mem::take(&mut self.staged);
         let replies = std::mem::take(&mut self.staged_replies);
         let upto = self.queue.next_id() - 1;
-        match self.store.append_job(msgs, self.queue.next_id())? {
-            Some(job) => {
+        let taken: Vec<(u64, String, u64)> = msgs
+            .iter()
+            .map(|m| (m.id, m.topic.clone(), m.seq))
+            .collect();
+        match self.store.append_job(msgs, self.queue.next_id()) {
+            Ok(Some(job)) => {
                 self.appending = Some(Appending {
                     job: tokio::task::spawn_blocking(job),
                     upto,
                     replies,
+                    msgs: taken,
                 });
             }
-            None => self.durable(upto, replies),
+            Ok(None) => self.durable(upto, replies),
+            Err(e) if e.is_disk_full() => self.append_failed(&e, taken, replies),
+            Err(e) => return Err(e),
         }
         Ok(())
     }
@@ -674,22 +898,90 @@ impl Driver {
                 self.durable(a.upto, a.replies);
                 self.start_append()
             }
+            Err(e) if e.is_disk_full() => {
+                self.append_failed(&e, a.msgs, a.replies);
+                Ok(())
+            }
             Err(e) => {
-                for (reply, _) in a.replies {
-                    let _ = reply.send(Err(PublishError::StoreFailed(e.to_string())));
+                for p in a.replies {
+                    let _ = p.reply.send(Err(PublishError::StoreFailed(e.to_string())));
                 }
                 Err(e)
             }
         }
     }
 
+    /// A durable write failed for want of space: its messages and all
+    /// staged after them are taken back (their numbers given out again)
+    /// and refused.
+    fn append_failed(
+        &mut self,
+        e: &crate::store::StoreError,
+        mut msgs: Vec<(u64, String, u64)>,
+        mut replies: Vec<Pending>,
+    ) {
+        self.store_full(e);
+        msgs.extend(
+            std::mem::take(&mut self.staged)
+                .into_iter()
+                .map(|m| (m.id, m.topic, m.seq)),
+        );
+        replies.append(&mut self.staged_replies);
+        self.queue.unstage(&msgs);
+        for p in replies {
+            self.refuse_disk(p.staged);
+            let (accepted, refused) = match p.outcome {
+                Ok(r) => (0, r.count() as u64),
+                Err(PublishError::Refused {
+                    accepted, refused, ..
+                }) => (0, accepted + refused),
+                Err(_) => (0, p.staged),
+            };
+            let _ = p.reply.send(Err(PublishError::Refused {
+                accepted,
+                refused,
+                why: Refusal::DiskFull,
+            }));
+        }
+        self.publish_status();
+    }
+
     /// Messages up to `upto` are durable: they may leave, and their callers
     /// hear they were accepted (after the status shows them).
-    fn durable(&mut self, upto: u64, replies: Vec<(EnqueueReply, RangeInclusive<u64>)>) {
+    fn durable(&mut self, upto: u64, replies: Vec<Pending>) {
+        if let Some((_, refused)) = self.store_down.take() {
+            tracing::info!(
+                "publish queue: its store writes again; {refused} message(s) were refused meanwhile"
+            );
+        }
         self.queue.mark_durable(upto);
         self.publish_status();
-        for (reply, range) in replies {
-            let _ = reply.send(Ok(range));
+        for p in replies {
+            let _ = p.reply.send(p.outcome);
+        }
+    }
+
+    /// Reads the payloads the queue wants from the store (in chunks).
+    fn load(&mut self) {
+        let mut last = None;
+        while let Some((from, n)) = self.queue.wants_load() {
+            if last == Some(from) {
+                break; // the store does not have it (yet)
+            }
+            last = Some(from);
+            match self.store.load(from, n.min(4096)) {
+                Ok(msgs) if !msgs.is_empty() => self.queue.fill(msgs),
+                Ok(_) => break,
+                Err(e) => {
+                    if e.is_disk_full() {
+                        self.store_full(&e);
+                    } else {
+                        tracing::error!("{e}");
+                        self.last_error = Some(e.to_string());
+                    }
+                    break;
+                }
+            }
         }
     }
 
@@ -702,11 +994,22 @@ impl Driver {
                 self.handed.push_back(STATUS_ID);
             }
         }
-        while let Some(m) = self.queue.poll_transmit() {
-            c.publish(&m.topic, self.cfg.qos, m.payload)?;
-            self.handed.push_back(m.id);
+        loop {
+            while let Some(m) = self.queue.poll_transmit() {
+                c.publish_retained(&m.topic, self.cfg.qos, m.retain, m.payload)?;
+                self.handed.push_back(m.id);
+            }
+            match self.queue.wants_load() {
+                Some(_) => {
+                    let before = self.queue.resident();
+                    self.load();
+                    if self.queue.resident() == before {
+                        return Ok(());
+                    }
+                }
+                None => return Ok(()),
+            }
         }
-        Ok(())
     }
 
     fn on_event(&mut self, ev: LinkEvent) -> Result<(), String> {
@@ -751,8 +1054,27 @@ impl Driver {
                     return Ok(());
                 }
                 if let Err(reason) = result {
-                    // The broker refused it: send it again on a new connection.
-                    return Err(format!("broker refused message {id}: {reason}"));
+                    // The broker refused it (MQTT 5 reason code >= 0x80, e.g.
+                    // its ACL forbids the topic): sending it again would be
+                    // refused again and hold up everything behind it, so it
+                    // is dropped, logged and counted.
+                    if self.queue.on_refused(id) {
+                        self.store.ack(&[id]).map_err(|e| e.to_string())?;
+                        let log = &mut self.refusals;
+                        log.since += 1;
+                        if log
+                            .last
+                            .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+                        {
+                            tracing::warn!(
+                                "publish queue: the broker refused {} message(s), dropped (the last: id {id}: {reason})",
+                                log.since
+                            );
+                            log.last = Some(Instant::now());
+                            log.since = 0;
+                        }
+                    }
+                    return Ok(());
                 }
                 if self.queue.on_ack(id) {
                     self.store.ack(&[id]).map_err(|e| e.to_string())?;
@@ -817,6 +1139,8 @@ impl Driver {
             || self.last_notify.elapsed() >= Duration::from_millis(20);
         st.next_id = self.queue.next_id();
         st.unacked = self.queue.len();
+        st.bytes = self.queue.bytes();
+        st.store_full = self.store_down.is_some();
         st.connected = self.connected;
         st.connects = self.connects;
         st.last_error.clone_from(&self.last_error);

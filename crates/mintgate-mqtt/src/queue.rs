@@ -26,6 +26,23 @@
 //! - After [`PubQueue::on_disconnect`] everything in flight is sent again, in
 //!   order, from `base`: the receiver may see duplicates (at-least-once),
 //!   which it drops by sequence number.
+//!
+//! Bounds ([`Limits`], applied by [`PubQueue::offer`]): at most
+//! `max_messages` unacknowledged messages of at most `max_bytes` (topic and
+//! payload). When a new message does not fit, `when_full` decides: drop the
+//! oldest messages that are neither in flight nor staged (counted in
+//! [`QueueStats::dropped_full`]; their ids are handed to the caller through
+//! [`PubQueue::take_dropped`] to be removed from the store), or refuse the new
+//! one ([`QueueStats::refused_full`]). A refused message takes no number, so
+//! the seqs of what is accepted stay gapless; a dropped one leaves a gap in
+//! its topic's seqs that a receiver sees.
+//!
+//! Payloads in memory: the queue keeps an index of every unacknowledged
+//! message (id, seq, size, state) but the payloads of only the oldest
+//! `resident` ones ([`PubQueue::set_resident`]; unlimited by default). The
+//! others are in the store; [`PubQueue::wants_load`] says which to read
+//! next and [`PubQueue::fill`] hands them in. So a queue of 100,000 messages
+//! after a long outage or at a restart holds a few hundred payloads.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -42,6 +59,9 @@ pub struct QueuedMessage {
     pub topic: String,
     /// The PUBLISH payload: the JSON [`Envelope`] carrying `seq`.
     pub payload: Vec<u8>,
+    /// Published with the retain flag (the broker keeps the topic's latest
+    /// for late subscribers).
+    pub retain: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,9 +72,60 @@ enum State {
     InFlight,
 }
 
+/// What [`PubQueue::offer`] does when a message does not fit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Drop the oldest messages that wait (not in flight, not staged).
+    #[default]
+    DropOldest,
+    /// Refuse the new message.
+    RefuseNew,
+}
+
+impl std::str::FromStr for WhenFull {
+    type Err = String;
+    fn from_str(s: &str) -> Result<WhenFull, String> {
+        match s {
+            "drop-oldest" => Ok(WhenFull::DropOldest),
+            "refuse-new" => Ok(WhenFull::RefuseNew),
+            _ => Err(format!("{s:?} is not \"drop-oldest\" or \"refuse-new\"")),
+        }
+    }
+}
+
+/// The queue's bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Most unacknowledged messages.
+    pub max_messages: u64,
+    /// Most bytes (topic and payload) of unacknowledged messages.
+    pub max_bytes: u64,
+    /// What to do with a message that does not fit.
+    pub when_full: WhenFull,
+}
+
+impl Limits {
+    /// No bound.
+    pub const UNLIMITED: Limits = Limits {
+        max_messages: u64::MAX,
+        max_bytes: u64::MAX,
+        when_full: WhenFull::RefuseNew,
+    };
+}
+
 /// Counters of what the queue did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
+    /// Messages dropped (oldest first) to make room under [`Limits`].
+    pub dropped_full: u64,
+    /// New messages refused because they did not fit under [`Limits`].
+    pub refused_full: u64,
+    /// New messages refused because the store could not write them (disk
+    /// full); counted by the caller through [`PubQueue::count_refused_disk`].
+    pub refused_disk: u64,
+    /// Acknowledgements that refused the message (an MQTT 5 reason code of
+    /// 0x80 or more): the message is dropped, not sent again.
+    pub refused_by_broker: u64,
     /// Messages enqueued (by this instance, not counting restored ones).
     pub enqueued: u64,
     /// First transmissions and retransmissions handed out.
@@ -90,6 +161,17 @@ impl Default for Numbering {
     }
 }
 
+/// One unacknowledged message in the index.
+#[derive(Debug)]
+struct Entry {
+    /// Topic and payload bytes (what [`Limits::max_bytes`] counts).
+    bytes: u64,
+    state: State,
+    sends: u32,
+    /// The message, when its payload is in memory.
+    msg: Option<Box<QueuedMessage>>,
+}
+
 /// The queue state: unacknowledged messages and the send window.
 #[derive(Debug)]
 pub struct PubQueue {
@@ -101,8 +183,22 @@ pub struct PubQueue {
     /// The first seq of a topic not in `topic_next`.
     seq_base: u64,
     /// Every unacknowledged message, by id.
-    unacked: BTreeMap<u64, (QueuedMessage, State, u32)>,
+    unacked: BTreeMap<u64, Entry>,
     stats: QueueStats,
+    limits: Limits,
+    /// Bytes of the unacknowledged messages.
+    bytes: u64,
+    /// Most payloads kept in memory.
+    resident_max: usize,
+    /// Payloads in memory now.
+    resident: usize,
+    /// Ids dropped under the limits, not yet taken by the caller.
+    dropped: Vec<u64>,
+}
+
+/// What a message costs against [`Limits::max_bytes`].
+fn cost(topic: &str, payload: &[u8]) -> u64 {
+    (topic.len() + payload.len()) as u64
 }
 
 impl PubQueue {
@@ -132,9 +228,52 @@ impl PubQueue {
             let n = topic_next.entry(m.topic.clone()).or_insert(seq_base);
             *n = (*n).max(m.seq + 1);
         }
-        let unacked: BTreeMap<_, _> = unacked
-            .into_iter()
-            .map(|m| (m.id, (m, State::Waiting, 0)))
+        let index: Vec<(u64, u64)> = unacked
+            .iter()
+            .map(|m| (m.id, cost(&m.topic, &m.payload)))
+            .collect();
+        let mut q = PubQueue::restore_index(
+            publisher,
+            window,
+            Numbering {
+                next_id,
+                topic_next,
+                seq_base,
+            },
+            &index,
+        );
+        q.fill(unacked);
+        q
+    }
+
+    /// A queue continuing after a restart from the store's index: the id
+    /// and size of every message it holds, payloads not read (they come
+    /// through [`PubQueue::wants_load`] and [`PubQueue::fill`]). The topics'
+    /// next seqs are the store's (`numbers`).
+    pub fn restore_index(
+        publisher: impl Into<String>,
+        window: usize,
+        numbers: Numbering,
+        index: &[(u64, u64)],
+    ) -> PubQueue {
+        let Numbering {
+            next_id,
+            topic_next,
+            seq_base,
+        } = numbers;
+        let unacked: BTreeMap<u64, Entry> = index
+            .iter()
+            .map(|&(id, bytes)| {
+                (
+                    id,
+                    Entry {
+                        bytes,
+                        state: State::Waiting,
+                        sends: 0,
+                        msg: None,
+                    },
+                )
+            })
             .collect();
         let next_id = unacked
             .keys()
@@ -146,10 +285,126 @@ impl PubQueue {
             window: window.max(1) as u64,
             next_id,
             topic_next,
-            seq_base,
+            seq_base: seq_base.max(1),
+            bytes: unacked.values().map(|e| e.bytes).sum(),
             unacked,
             stats: QueueStats::default(),
+            limits: Limits::UNLIMITED,
+            resident_max: usize::MAX,
+            resident: 0,
+            dropped: Vec::new(),
         }
+    }
+
+    /// Sets the bounds; a queue restored above them is trimmed at once
+    /// when they say drop-oldest (the ids through
+    /// [`PubQueue::take_dropped`]).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+        if limits.when_full == WhenFull::DropOldest {
+            while self.len() as u64 > limits.max_messages || self.bytes > limits.max_bytes {
+                if !self.drop_oldest() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The bounds.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Keeps at most `n` payloads (at least the window) in memory; the
+    /// others are read again from the store when their turn comes. Only
+    /// for a queue whose store can read them back.
+    pub fn set_resident(&mut self, n: usize) {
+        self.resident_max = n.max(self.window as usize);
+        // The payloads in memory stay the oldest ones.
+        for e in self.unacked.values_mut().skip(self.resident_max) {
+            if e.msg.take().is_some() {
+                self.resident -= 1;
+            }
+        }
+    }
+
+    /// Payloads in memory now.
+    pub fn resident(&self) -> usize {
+        self.resident
+    }
+
+    /// Bytes (topic and payload) of the unacknowledged messages.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The payloads to read from the store next: from id `from` on, at most
+    /// `n` of them; `None` when none is needed now (all the oldest are in
+    /// memory, or memory holds `resident` already, or the first missing one
+    /// is not in the store yet).
+    pub fn wants_load(&self) -> Option<(u64, usize)> {
+        // Refill when half the room is free, so reads come in chunks.
+        let room = self.resident_max.saturating_sub(self.resident);
+        let (&id, e) = self.unacked.iter().find(|(_, e)| e.msg.is_none())?;
+        let needed_now = self.base().is_some_and(|b| id < b + self.window);
+        if e.state == State::Staged || (room < self.resident_max / 2 && !needed_now) || room == 0 {
+            return None;
+        }
+        Some((id, room))
+    }
+
+    /// Payloads read from the store (any order); ids no longer queued (acked
+    /// or dropped meanwhile) are ignored, and so are those beyond the room.
+    pub fn fill(&mut self, msgs: Vec<QueuedMessage>) {
+        for m in msgs {
+            if self.resident >= self.resident_max {
+                break;
+            }
+            if let Some(e) = self.unacked.get_mut(&m.id) {
+                if e.msg.is_none() {
+                    e.msg = Some(Box::new(m));
+                    self.resident += 1;
+                }
+            }
+        }
+    }
+
+    /// The ids dropped under the limits since the last call (for the store
+    /// to forget).
+    pub fn take_dropped(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Counts `n` messages refused because the store could not take them.
+    pub fn count_refused_disk(&mut self, n: u64) {
+        self.stats.refused_disk += n;
+    }
+
+    /// Drops the oldest message that waits (not in flight, not staged);
+    /// false when there is none.
+    fn drop_oldest(&mut self) -> bool {
+        let Some(id) = self
+            .unacked
+            .iter()
+            .find(|(_, e)| e.state == State::Waiting)
+            .map(|(&id, _)| id)
+        else {
+            return false;
+        };
+        self.remove(id);
+        self.stats.dropped_full += 1;
+        self.dropped.push(id);
+        true
+    }
+
+    /// Removes message `id` from the index.
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let e = self.unacked.remove(&id)?;
+        self.bytes -= e.bytes;
+        if e.msg.is_some() {
+            self.resident -= 1;
+        }
+        Some(e)
     }
 
     /// The publisher id the envelopes carry.
@@ -200,7 +455,7 @@ impl PubQueue {
     pub fn in_flight(&self) -> usize {
         self.unacked
             .values()
-            .filter(|(_, s, _)| *s == State::InFlight)
+            .filter(|e| e.state == State::InFlight)
             .count()
     }
 
@@ -225,40 +480,124 @@ impl PubQueue {
     /// store meanwhile (on another thread, several enqueues in one commit)
     /// while the queue goes on sending and taking acks for earlier ones.
     pub fn stage(&mut self, topic: &str, body: &str, ts_ms: u64) -> QueuedMessage {
-        let id = self.next_id;
-        self.next_id += 1;
-        let next = match self.topic_next.get_mut(topic) {
-            Some(n) => n,
-            None => self
-                .topic_next
-                .entry(topic.to_owned())
-                .or_insert(self.seq_base),
+        let m = self.numbered(topic, body, ts_ms);
+        self.admit(m)
+    }
+
+    /// Like [`PubQueue::stage`] under the queue's [`Limits`]: `None` when the
+    /// message is refused (it takes no number). Messages dropped to make
+    /// room are counted and their ids kept for [`PubQueue::take_dropped`].
+    pub fn offer(&mut self, topic: &str, body: &str, ts_ms: u64) -> Option<QueuedMessage> {
+        self.offer_retained(topic, body, ts_ms, false)
+    }
+
+    /// [`PubQueue::offer`] of a message published with the retain flag
+    /// `retain`.
+    pub fn offer_retained(
+        &mut self,
+        topic: &str,
+        body: &str,
+        ts_ms: u64,
+        retain: bool,
+    ) -> Option<QueuedMessage> {
+        let mut m = self.numbered(topic, body, ts_ms);
+        m.retain = retain;
+        let c = cost(&m.topic, &m.payload);
+        let fits = |q: &PubQueue| {
+            (q.len() as u64) < q.limits.max_messages
+                && q.bytes.saturating_add(c) <= q.limits.max_bytes
         };
-        let seq = *next;
-        *next += 1;
+        if c > self.limits.max_bytes || self.limits.max_messages == 0 {
+            self.stats.refused_full += 1;
+            return None;
+        }
+        while !fits(self) {
+            if self.limits.when_full == WhenFull::RefuseNew || !self.drop_oldest() {
+                self.stats.refused_full += 1;
+                return None;
+            }
+        }
+        Some(self.admit(m))
+    }
+
+    /// The message `body` for `topic` would be, with the next numbers (not
+    /// taken yet).
+    fn numbered(&self, topic: &str, body: &str, ts_ms: u64) -> QueuedMessage {
+        let seq = self.next_seq(topic);
         let env = Envelope {
             publisher: self.publisher.clone(),
             seq,
             ts: ts_ms,
             msg: body.to_owned(),
         };
-        let m = QueuedMessage {
-            id,
+        QueuedMessage {
+            id: self.next_id,
             seq,
             topic: topic.to_owned(),
             payload: env.encode(),
-        };
-        self.unacked.insert(id, (m.clone(), State::Staged, 0));
+            retain: false,
+        }
+    }
+
+    /// Takes `m`'s numbers and queues it, staged.
+    fn admit(&mut self, m: QueuedMessage) -> QueuedMessage {
+        self.next_id = m.id + 1;
+        match self.topic_next.get_mut(&m.topic) {
+            Some(n) => *n = m.seq + 1,
+            None => {
+                self.topic_next.insert(m.topic.clone(), m.seq + 1);
+            }
+        }
+        let bytes = cost(&m.topic, &m.payload);
+        // In memory while every older one is and there is room; otherwise
+        // read back from the store when its turn comes.
+        let keep = self.resident < self.resident_max
+            && self
+                .unacked
+                .values()
+                .next_back()
+                .is_none_or(|e| e.msg.is_some());
+        if keep {
+            self.resident += 1;
+        }
+        self.bytes += bytes;
+        self.unacked.insert(
+            m.id,
+            Entry {
+                bytes,
+                state: State::Staged,
+                sends: 0,
+                msg: keep.then(|| Box::new(m.clone())),
+            },
+        );
         self.stats.enqueued += 1;
         m
+    }
+
+    /// Takes back staged messages whose durable write failed: `msgs`, the
+    /// newest messages of the queue, in id order (id, topic, seq). Their
+    /// numbers are given out again, so no receiver sees a gap.
+    pub fn unstage(&mut self, msgs: &[(u64, String, u64)]) {
+        for (id, topic, seq) in msgs.iter().rev() {
+            if self
+                .unacked
+                .get(id)
+                .is_some_and(|e| e.state == State::Staged)
+            {
+                self.remove(*id);
+                self.stats.enqueued -= 1;
+                self.next_id = self.next_id.min(*id);
+                self.topic_next.insert(topic.clone(), *seq);
+            }
+        }
     }
 
     /// Every staged message with an id up to `upto` is durable now: it may
     /// leave.
     pub fn mark_durable(&mut self, upto: u64) {
-        for (_, s, _) in self.unacked.range_mut(..=upto).map(|(_, v)| v).rev() {
-            match s {
-                State::Staged => *s = State::Waiting,
+        for e in self.unacked.range_mut(..=upto).map(|(_, v)| v).rev() {
+            match e.state {
+                State::Staged => e.state = State::Waiting,
                 // Staged ones are always the newest: nothing below is.
                 _ => break,
             }
@@ -270,55 +609,81 @@ impl PubQueue {
         self.unacked
             .values()
             .rev()
-            .take_while(|(_, s, _)| *s == State::Staged)
+            .take_while(|e| e.state == State::Staged)
             .count()
     }
 
     /// The next message to put on the wire, if the window allows one; it is
-    /// marked in flight. Call until `None` after every enqueue, ack and
-    /// reconnection.
+    /// marked in flight. Call until `None` after every enqueue, ack,
+    /// reconnection and [`PubQueue::fill`]. `None` also when the next one's
+    /// payload is not in memory ([`PubQueue::wants_load`] says which).
     pub fn poll_transmit(&mut self) -> Option<QueuedMessage> {
         let base = self.base()?;
         let limit = base.saturating_add(self.window);
-        let (m, state, sends) = self
+        let e = self
             .unacked
             .range_mut(base..limit)
             .map(|(_, v)| v)
-            .take_while(|(_, s, _)| *s != State::Staged)
-            .find(|(_, s, _)| *s == State::Waiting)?;
-        *state = State::InFlight;
-        *sends += 1;
+            .take_while(|e| e.state != State::Staged)
+            .find(|e| e.state == State::Waiting)?;
+        let m = e.msg.as_deref()?.clone();
+        e.state = State::InFlight;
+        e.sends += 1;
         self.stats.transmitted += 1;
-        if *sends > 1 {
+        if e.sends > 1 {
             self.stats.retransmitted += 1;
         }
-        Some(m.clone())
+        Some(m)
+    }
+
+    /// Reports that the broker refused message `id` in its acknowledgement
+    /// (an MQTT 5 reason code of 0x80 or more, e.g. "not authorized" for a
+    /// topic its ACL forbids). Sending it again would be refused again and
+    /// hold up every message behind it, so it is removed like an
+    /// acknowledged one and counted in [`QueueStats::refused_by_broker`].
+    /// True when it removed the message.
+    pub fn on_refused(&mut self, id: u64) -> bool {
+        let done = self.take_in_flight(id);
+        if done {
+            self.stats.refused_by_broker += 1;
+        }
+        done
+    }
+
+    /// Removes message `id` if it is in flight; otherwise counts a stale
+    /// acknowledgement.
+    fn take_in_flight(&mut self, id: u64) -> bool {
+        if self
+            .unacked
+            .get(&id)
+            .is_some_and(|e| e.state == State::InFlight)
+        {
+            self.remove(id);
+            true
+        } else {
+            self.stats.stale_acks += 1;
+            false
+        }
     }
 
     /// Reports the acknowledgement (PUBACK for QoS 1, PUBCOMP for QoS 2) of
     /// message `id`. Returns true when it removed the message; an ack for a
     /// message not in flight is counted as stale and ignored.
     pub fn on_ack(&mut self, id: u64) -> bool {
-        match self.unacked.get(&id) {
-            Some((_, State::InFlight, _)) => {
-                self.unacked.remove(&id);
-                self.stats.acked += 1;
-                true
-            }
-            _ => {
-                self.stats.stale_acks += 1;
-                false
-            }
+        let done = self.take_in_flight(id);
+        if done {
+            self.stats.acked += 1;
         }
+        done
     }
 
     /// Reports that the connection was lost: whatever was in flight waits to
     /// be sent again, from the lowest sequence on.
     pub fn on_disconnect(&mut self) {
         self.stats.disconnects += 1;
-        for (_, s, _) in self.unacked.values_mut() {
-            if *s == State::InFlight {
-                *s = State::Waiting;
+        for e in self.unacked.values_mut() {
+            if e.state == State::InFlight {
+                e.state = State::Waiting;
             }
         }
     }
@@ -423,6 +788,7 @@ mod tests {
                 seq: 4,
                 topic: "t".into(),
                 payload: vec![],
+                retain: false,
             }],
         );
         assert_eq!((c.next_id(), c.next_seq("t"), c.next_seq("u")), (10, 5, 1));
@@ -484,6 +850,161 @@ mod tests {
         assert_eq!((q.next_id(), q.next_seq("a")), (50, 50));
     }
 
+    fn limited(window: usize, max_messages: u64, max_bytes: u64, when_full: WhenFull) -> PubQueue {
+        let mut q = PubQueue::new("p", window);
+        q.set_limits(Limits {
+            max_messages,
+            max_bytes,
+            when_full,
+        });
+        q
+    }
+
+    /// The ids in the queue, oldest first.
+    fn ids(q: &PubQueue) -> Vec<u64> {
+        q.unacked.keys().copied().collect()
+    }
+
+    #[test]
+    fn drop_oldest_keeps_the_newest_in_order_and_counts_exactly() {
+        let mut q = limited(2, 5, u64::MAX, WhenFull::DropOldest);
+        for i in 0..3 {
+            q.offer("t", &format!("{i}"), 0).unwrap();
+            q.mark_durable(q.next_id() - 1);
+        }
+        // 1 and 2 in flight: never dropped (the broker may have them).
+        assert_eq!(seqs(&mut q), vec![1, 2]);
+        for i in 3..12 {
+            assert!(q.offer("t", &format!("{i}"), 0).is_some());
+            q.mark_durable(q.next_id() - 1);
+        }
+        assert_eq!(ids(&q), vec![1, 2, 10, 11, 12]);
+        let s = q.stats();
+        assert_eq!((s.dropped_full, s.refused_full, s.enqueued), (7, 0, 12));
+        assert_eq!(q.take_dropped(), vec![3, 4, 5, 6, 7, 8, 9]);
+        assert!(q.take_dropped().is_empty());
+        // What survives leaves in order; seqs show the gap to a receiver.
+        assert!(q.on_ack(1) && q.on_ack(2));
+        let mut out = Vec::new();
+        while let Some(m) = q.poll_transmit() {
+            out.push(m.seq);
+            assert!(q.on_ack(m.id));
+        }
+        assert_eq!(out, vec![10, 11, 12]);
+    }
+
+    #[test]
+    fn refuse_new_keeps_the_oldest_and_takes_no_number() {
+        let mut q = limited(1, 3, u64::MAX, WhenFull::RefuseNew);
+        for i in 0..3 {
+            assert!(q.offer("t", &format!("{i}"), 0).is_some());
+        }
+        for i in 3..10 {
+            assert!(q.offer("t", &format!("{i}"), 0).is_none());
+        }
+        assert_eq!(ids(&q), vec![1, 2, 3]);
+        assert_eq!(q.next_seq("t"), 4, "refused ones take no seq");
+        let s = q.stats();
+        assert_eq!((s.dropped_full, s.refused_full, s.enqueued), (0, 7, 3));
+        q.mark_durable(3);
+        let m = q.poll_transmit().unwrap();
+        assert!(q.on_ack(m.id));
+        assert_eq!(q.offer("t", "x", 0).map(|m| (m.id, m.seq)), Some((4, 4)));
+    }
+
+    #[test]
+    fn the_byte_bound_counts_topic_and_payload() {
+        let one = {
+            let mut q = PubQueue::new("p", 1);
+            let m = q.enqueue("t", "0123456789", 0);
+            (m.topic.len() + m.payload.len()) as u64
+        };
+        let mut q = limited(1, 1000, 3 * one, WhenFull::DropOldest);
+        for _ in 0..5 {
+            q.offer("t", "0123456789", 0).unwrap();
+            q.mark_durable(q.next_id() - 1);
+        }
+        assert_eq!(
+            (q.len(), q.bytes(), q.stats().dropped_full),
+            (3, 3 * one, 2)
+        );
+        // Larger than the whole bound: refused, nothing dropped for it.
+        let big = "x".repeat(4 * one as usize);
+        assert!(q.offer("t", &big, 0).is_none());
+        assert_eq!((q.len(), q.stats().refused_full), (3, 1));
+        // A restored queue above the bound is trimmed at once.
+        let mut r = PubQueue::restore_index(
+            "p",
+            1,
+            Numbering::default(),
+            &[(1, 10), (2, 10), (3, 10), (4, 10)],
+        );
+        r.set_limits(Limits {
+            max_messages: 2,
+            max_bytes: u64::MAX,
+            when_full: WhenFull::DropOldest,
+        });
+        assert_eq!((ids(&r), r.take_dropped()), (vec![3, 4], vec![1, 2]));
+    }
+
+    #[test]
+    fn unstage_gives_the_numbers_back() {
+        let mut q = PubQueue::new("p", 1);
+        q.enqueue("a", "", 0);
+        let b = q.stage("a", "", 0);
+        let c = q.stage("b", "", 0);
+        q.unstage(&[(b.id, b.topic, b.seq), (c.id, c.topic, c.seq)]);
+        assert_eq!(
+            (q.len(), q.next_id(), q.next_seq("a"), q.next_seq("b")),
+            (1, 2, 2, 1)
+        );
+        assert_eq!(q.stats().enqueued, 1);
+    }
+
+    #[test]
+    fn a_refusing_ack_drops_the_message_and_the_queue_moves_on() {
+        let mut q = PubQueue::new("p", 1);
+        for _ in 0..3 {
+            q.enqueue("t", "", 0);
+        }
+        assert_eq!(seqs(&mut q), vec![1]);
+        assert!(q.on_refused(1));
+        assert!(!q.on_refused(1), "once");
+        assert_eq!(seqs(&mut q), vec![2], "the next one leaves");
+        assert!(q.on_ack(2));
+        let s = q.stats();
+        assert_eq!((s.refused_by_broker, s.acked, q.len()), (1, 1, 1));
+    }
+
+    #[test]
+    fn payloads_beyond_the_resident_bound_wait_for_a_load() {
+        let mut q = PubQueue::new("p", 2);
+        q.set_resident(4);
+        let all: Vec<QueuedMessage> = (0..10)
+            .map(|i| q.enqueue("t", &format!("{i}"), 0))
+            .collect();
+        assert_eq!(q.resident(), 4);
+        assert_eq!(q.wants_load(), None, "no room");
+        let mut order = Vec::new();
+        for _ in 0..100 {
+            if let Some((from, n)) = q.wants_load() {
+                let chunk: Vec<_> = all
+                    .iter()
+                    .filter(|m| m.id >= from)
+                    .take(n)
+                    .cloned()
+                    .collect();
+                q.fill(chunk);
+            }
+            assert!(q.resident() <= 4);
+            while let Some(m) = q.poll_transmit() {
+                order.push(m.id);
+                assert!(q.on_ack(m.id));
+            }
+        }
+        assert_eq!(order, (1..=10).collect::<Vec<_>>());
+    }
+
     #[derive(Clone, Debug)]
     enum Op {
         /// Enqueue to topic k.
@@ -513,6 +1034,76 @@ mod tests {
     }
 
     proptest! {
+        /// Under bounds, whatever the interleaving of offers, sends, acks and
+        /// disconnects: the queue never holds more than its bounds; every
+        /// numbered message ends acked or dropped (counted exactly, never one
+        /// in flight); with refuse-new nothing is dropped and every refusal is
+        /// counted; what survives leaves in id order.
+        #[test]
+        fn bounded_queue_invariants(
+            window in 1usize..4,
+            max_messages in 1u64..12,
+            max_bytes in 60u64..600,
+            refuse in any::<bool>(),
+            ops in proptest::collection::vec(0u8..5, 0..300),
+        ) {
+            let when_full = if refuse { WhenFull::RefuseNew } else { WhenFull::DropOldest };
+            let mut q = limited(window, max_messages, max_bytes, when_full);
+            let (mut offered, mut refused) = (0u64, 0u64);
+            let mut in_flight: Vec<u64> = Vec::new();
+            let mut acked = Vec::new();
+            let mut dropped = Vec::new();
+            let mut last_sent = 0;
+            for (i, op) in ops.iter().chain(std::iter::repeat_n(&9, 200)).enumerate() {
+                match op {
+                    0 | 1 => {
+                        offered += 1;
+                        let body = "x".repeat(i % 40);
+                        match q.offer("t", &body, 0) {
+                            Some(m) => q.mark_durable(m.id),
+                            None => refused += 1,
+                        }
+                        dropped.extend(q.take_dropped());
+                    }
+                    2 => while let Some(m) = q.poll_transmit() {
+                        prop_assert!(m.id > last_sent);
+                        last_sent = m.id;
+                        in_flight.push(m.id);
+                    },
+                    3 => if !in_flight.is_empty() {
+                        let id = in_flight.remove(0);
+                        prop_assert!(q.on_ack(id));
+                        acked.push(id);
+                    },
+                    4 => { q.on_disconnect(); in_flight.clear(); last_sent = 0; }
+                    _ => {
+                        // drain
+                        while let Some(m) = q.poll_transmit() { in_flight.push(m.id); }
+                        if let Some(id) = (!in_flight.is_empty()).then(|| in_flight.remove(0)) {
+                            prop_assert!(q.on_ack(id));
+                            acked.push(id);
+                        }
+                    }
+                }
+                prop_assert!(q.len() as u64 <= max_messages);
+                prop_assert!(q.bytes() <= max_bytes);
+                for d in &dropped { prop_assert!(!in_flight.contains(d)); }
+            }
+            prop_assert!(q.is_empty());
+            let s = q.stats();
+            prop_assert_eq!(s.refused_full, refused);
+            prop_assert_eq!(s.dropped_full, dropped.len() as u64);
+            prop_assert_eq!(s.enqueued, offered - refused);
+            if refuse { prop_assert!(dropped.is_empty()); }
+            let mut all: Vec<u64> = acked.iter().chain(&dropped).copied().collect();
+            all.sort_unstable();
+            prop_assert_eq!(all, (1..=offered - refused).collect::<Vec<_>>());
+            let mut sorted = acked.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            prop_assert_eq!(sorted.len(), acked.len(), "acked once each");
+        }
+
         /// Whatever the interleaving of enqueues (to three topics), sends,
         /// (out-of-order) acks and disconnects: every message is acked
         /// exactly once in the end, transmissions on one connection are in

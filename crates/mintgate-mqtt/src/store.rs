@@ -20,13 +20,25 @@
 //! (`seq_base`), so a receiver that saw the old numbers sees the new ones
 //! above them, never below.
 //!
+//! Opening reads an index only (each message's id and size, its record's
+//! header checked), never every payload: [`Store::load`] reads payloads in
+//! chunks when the queue's turn comes to them.
+//!
+//! A full disk: a write that fails for want of space (or any write after
+//! one, which `redb` refuses until the database is opened again) is a
+//! [`StoreError`] with [`StoreError::is_disk_full`]; [`Store::revive`] opens
+//! the database again (redb repairs it) when the caller tries once more. A
+//! store that could not even be opened for want of space
+//! ([`RedbStore::open_or_defer`]) is opened by the first `revive` that
+//! succeeds, which hands what it held to the caller.
+//!
 //! [`MemStore`] keeps nothing across restarts (tests, and callers that want
 //! the ordering without persistence).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::queue::{Numbering, QueuedMessage};
 
@@ -46,6 +58,8 @@ pub struct StoreError {
     what: &'static str,
     /// In the message, not a separate source: a chain would say it twice.
     cause: Box<dyn std::error::Error + Send + Sync>,
+    /// Out of space (or a write refused after such a failure).
+    full: bool,
 }
 
 impl StoreError {
@@ -55,7 +69,40 @@ impl StoreError {
             path: String::from("-"),
             what,
             cause: msg.into(),
+            full: false,
         }
+    }
+
+    /// The write failed for want of space (ENOSPC, EDQUOT), or because an
+    /// earlier one did: trying again later may succeed.
+    pub fn is_disk_full(&self) -> bool {
+        self.full
+    }
+
+    fn db(path: &Path, what: &'static str, e: redb::Error) -> StoreError {
+        StoreError {
+            path: path.display().to_string(),
+            what,
+            full: is_full(&e),
+            cause: Box::new(e),
+        }
+    }
+}
+
+/// An I/O error that says the disk (or the user's quota) is full.
+pub fn is_full_io(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull
+        || e.kind() == std::io::ErrorKind::QuotaExceeded
+        || matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// A database error from a full disk, or a write refused after an earlier
+/// I/O failure (redb wants the database opened again then).
+fn is_full(e: &redb::Error) -> bool {
+    match e {
+        redb::Error::Io(io) => is_full_io(io),
+        redb::Error::PreviousIo => true,
+        _ => false,
     }
 }
 
@@ -66,8 +113,9 @@ pub struct Recovered {
     pub publisher: String,
     /// The next numbers to assign.
     pub numbering: Numbering,
-    /// Unacknowledged messages, in id order.
-    pub unacked: Vec<QueuedMessage>,
+    /// Unacknowledged messages, in id order: (id, bytes of topic and
+    /// payload). Their payloads are read by [`Store::load`].
+    pub index: Vec<(u64, u64)>,
 }
 
 /// Persistence for a [`crate::queue::PubQueue`].
@@ -98,6 +146,21 @@ pub trait Store: Send {
     ) -> Result<Option<FlushJob>, StoreError> {
         self.append(&msgs, next_id).map(|()| None)
     }
+    /// True when [`Store::load`] reads payloads back (the queue may then
+    /// keep only some in memory).
+    fn can_load(&self) -> bool {
+        false
+    }
+    /// Up to `n` stored messages with ids from `from` on, in id order.
+    fn load(&mut self, _from: u64, _n: usize) -> Result<Vec<QueuedMessage>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// After a disk-full error: opens the database again. `Ok(Some)` when
+    /// it was opened for the first time (the store was deferred at start):
+    /// what it holds, for the caller to take over.
+    fn revive(&mut self) -> Result<Option<Recovered>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// A deferred [`Store::flush`].
@@ -116,7 +179,7 @@ impl MemStore {
             rec: Recovered {
                 publisher: publisher.into(),
                 numbering: Numbering::default(),
-                unacked: Vec::new(),
+                index: Vec::new(),
             },
         }
     }
@@ -139,8 +202,15 @@ impl Store for MemStore {
 
 /// The persistent store, a `redb` database in a state folder.
 pub struct RedbStore {
-    db: Arc<Database>,
+    /// `None`: not open (deferred at start for want of space, or closed
+    /// after a write failed; [`Store::revive`] opens it).
+    db: Option<Arc<Database>>,
+    /// Set by a job whose write failed for want of space.
+    broken: Arc<std::sync::atomic::AtomicBool>,
+    dir: PathBuf,
     path: PathBuf,
+    /// Never opened yet (deferred at start).
+    deferred: bool,
     rec: Recovered,
     /// Acknowledged sequences not yet removed from the database.
     acked: Vec<u64>,
@@ -154,10 +224,15 @@ impl std::fmt::Debug for RedbStore {
     }
 }
 
-/// Stored value: topic length (u16, big-endian), topic, payload.
+/// Stored value: topic length (u16, big-endian), topic, payload. A
+/// retained message is preceded by 0, 0, [`RETAIN`] (no topic is empty, so
+/// records written before the flag existed read as they were).
 fn encode_record(m: &QueuedMessage) -> Vec<u8> {
     let t = m.topic.as_bytes();
-    let mut v = Vec::with_capacity(2 + t.len() + m.payload.len());
+    let mut v = Vec::with_capacity(5 + t.len() + m.payload.len());
+    if m.retain {
+        v.extend_from_slice(&[0, 0, RETAIN]);
+    }
     v.extend_from_slice(&(t.len() as u16).to_be_bytes());
     v.extend_from_slice(t);
     v.extend_from_slice(&m.payload);
@@ -168,6 +243,7 @@ fn encode_record(m: &QueuedMessage) -> Vec<u8> {
 /// id itself for a payload that is not an envelope, which this crate never
 /// writes).
 fn decode_record(id: u64, v: &[u8]) -> Option<QueuedMessage> {
+    let (retain, v) = flags(v)?;
     let n = u16::from_be_bytes([*v.first()?, *v.get(1)?]) as usize;
     let topic = std::str::from_utf8(v.get(2..2 + n)?).ok()?.to_owned();
     let payload = v.get(2 + n..)?.to_vec();
@@ -177,7 +253,36 @@ fn decode_record(id: u64, v: &[u8]) -> Option<QueuedMessage> {
         seq,
         topic,
         payload,
+        retain,
     })
+}
+
+/// The flag of a record: retained or not, and the record after it.
+fn flags(v: &[u8]) -> Option<(bool, &[u8])> {
+    match v {
+        [0, 0, f, rest @ ..] if *f == RETAIN => Some((true, rest)),
+        [0, 0, ..] => None,
+        _ => Some((false, v)),
+    }
+}
+
+/// The record flag of a retained message.
+const RETAIN: u8 = 1;
+
+/// Whether `v` is a well-formed record (its header and topic), without
+/// copying its payload.
+fn record_ok(v: &[u8]) -> bool {
+    let Some((_, v)) = flags(v) else {
+        return false;
+    };
+    let Some(n) = v
+        .get(..2)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+    else {
+        return false;
+    };
+    v.get(2..2 + n)
+        .is_some_and(|t| std::str::from_utf8(t).is_ok())
 }
 
 fn read_u64(v: Option<redb::AccessGuard<'_, &'static [u8]>>) -> Option<u64> {
@@ -191,25 +296,88 @@ impl RedbStore {
     /// with a clear error if another process has the same folder open.
     pub fn open(dir: &Path, default_publisher: Option<&str>) -> Result<RedbStore, StoreError> {
         let path = dir.join("queue.redb");
-        let err = |what: &'static str| {
-            let p = path.display().to_string();
-            move |e: redb::Error| StoreError {
-                path: p,
-                what,
-                cause: Box::new(e),
+        let (db, rec) = open_db(dir, &path, default_publisher)?;
+        Ok(RedbStore {
+            db: Some(Arc::new(db)),
+            broken: Default::default(),
+            dir: dir.to_path_buf(),
+            path,
+            deferred: false,
+            rec,
+            acked: Vec::new(),
+        })
+    }
+
+    /// Like [`RedbStore::open`], but a store that cannot be opened for want
+    /// of space is returned unopened (empty, publisher id
+    /// `default_publisher` or a random one; every write fails as disk full
+    /// until [`Store::revive`] opens it).
+    pub fn open_or_defer(
+        dir: &Path,
+        default_publisher: Option<&str>,
+    ) -> Result<RedbStore, StoreError> {
+        match RedbStore::open(dir, default_publisher) {
+            Err(e) if e.is_disk_full() => {
+                tracing::warn!(
+                    "{e}; the MQTT publish queue refuses messages until there is space again"
+                );
+                Ok(RedbStore {
+                    db: None,
+                    broken: Default::default(),
+                    dir: dir.to_path_buf(),
+                    path: dir.join("queue.redb"),
+                    deferred: true,
+                    rec: Recovered {
+                        publisher: default_publisher
+                            .map(str::to_owned)
+                            .unwrap_or_else(random_publisher_id),
+                        ..Recovered::default()
+                    },
+                    acked: Vec::new(),
+                })
             }
-        };
+            r => r,
+        }
+    }
+
+    /// Whether the database is open.
+    pub fn is_open(&self) -> bool {
+        self.db.is_some()
+    }
+
+    /// The open database, or a disk-full error when it is not open.
+    fn db(&self) -> Result<&Arc<Database>, StoreError> {
+        self.db.as_ref().ok_or_else(|| StoreError {
+            path: self.path.display().to_string(),
+            what: "writing",
+            cause: "not open since a write failed for want of space".into(),
+            full: true,
+        })
+    }
+}
+
+/// Opens (or creates) the database at `path` in `dir` and reads its
+/// numbering and index.
+fn open_db(
+    dir: &Path,
+    path: &Path,
+    default_publisher: Option<&str>,
+) -> Result<(Database, Recovered), StoreError> {
+    {
+        let err = |what: &'static str| move |e: redb::Error| StoreError::db(path, what, e);
         std::fs::create_dir_all(dir).map_err(|e| StoreError {
             path: dir.display().to_string(),
             what: "creating the state folder",
+            full: is_full_io(&e),
             cause: Box::new(e),
         })?;
-        let db = Database::create(&path).map_err(|e| match e {
+        let db = Database::create(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError {
                 path: path.display().to_string(),
                 what: "opening",
                 cause: "the queue is in use by another process (one publisher per --state folder)"
                     .into(),
+                full: false,
             },
             e => err("opening")(e.into()),
         })?;
@@ -269,34 +437,39 @@ impl RedbStore {
             let msgs = tx
                 .open_table(MESSAGES)
                 .map_err(|e| err("opening the messages table")(e.into()))?;
-            let mut unacked = Vec::new();
+            // The index only: one record at a time, no payload kept.
+            let mut index = Vec::new();
             for item in msgs.iter().map_err(|e| err("reading messages")(e.into()))? {
                 let (k, v) = item.map_err(|e| err("reading messages")(e.into()))?;
-                let seq = k.value();
-                let m = decode_record(seq, v.value()).ok_or_else(|| StoreError {
-                    path: path.display().to_string(),
-                    what: "reading messages",
-                    cause: format!("record {seq} is corrupt").into(),
-                })?;
-                unacked.push(m);
+                let id = k.value();
+                let v = v.value();
+                if !record_ok(v) {
+                    return Err(StoreError {
+                        path: path.display().to_string(),
+                        what: "reading messages",
+                        cause: format!("record {id} is corrupt").into(),
+                        full: false,
+                    });
+                }
+                let head = if flags(v).is_some_and(|(r, _)| r) {
+                    5
+                } else {
+                    2
+                };
+                index.push((id, v.len() as u64 - head));
             }
             Recovered {
                 publisher,
                 numbering: Numbering {
-                    next_id: next_id.max(unacked.last().map_or(1, |m| m.id + 1)),
+                    next_id: next_id.max(index.last().map_or(1, |&(id, _)| id + 1)),
                     topic_next,
                     seq_base,
                 },
-                unacked,
+                index,
             }
         };
         tx.commit().map_err(|e| err("committing")(e.into()))?;
-        Ok(RedbStore {
-            db: Arc::new(db),
-            path,
-            rec,
-            acked: Vec::new(),
-        })
+        Ok((db, rec))
     }
 }
 
@@ -311,7 +484,8 @@ impl Store for RedbStore {
     }
 
     fn append(&mut self, msgs: &[QueuedMessage], next_id: u64) -> Result<(), StoreError> {
-        append_durably(&self.db, &self.path, msgs, next_id)
+        let r = append_durably(self.db()?, &self.path, msgs, next_id);
+        self.note(r)
     }
 
     fn append_job(
@@ -319,10 +493,11 @@ impl Store for RedbStore {
         msgs: Vec<QueuedMessage>,
         next_id: u64,
     ) -> Result<Option<FlushJob>, StoreError> {
-        let db = self.db.clone();
+        let db = self.db()?.clone();
         let path = self.path.clone();
+        let broken = self.broken.clone();
         Ok(Some(Box::new(move || {
-            append_durably(&db, &path, &msgs, next_id)
+            mark(&broken, append_durably(&db, &path, &msgs, next_id))
         })))
     }
 
@@ -334,28 +509,118 @@ impl Store for RedbStore {
     }
 
     fn flush(&mut self) -> Result<(), StoreError> {
+        let Some(db) = self.db.clone() else {
+            return Ok(()); // kept for when it opens again
+        };
         let seqs = std::mem::take(&mut self.acked);
-        remove_durably(&self.db, &self.path, &seqs)
+        let r = remove_durably(&db, &self.path, &seqs);
+        if r.is_err() {
+            self.acked = seqs;
+        }
+        self.note(r)
     }
 
     fn take_flush_job(&mut self) -> Option<FlushJob> {
-        if self.acked.is_empty() {
+        if self.acked.is_empty() || self.broken.load(std::sync::atomic::Ordering::Relaxed) {
             return None;
         }
+        let db = self.db.clone()?;
         let seqs = std::mem::take(&mut self.acked);
-        let db = self.db.clone();
         let path = self.path.clone();
-        Some(Box::new(move || remove_durably(&db, &path, &seqs)))
+        let broken = self.broken.clone();
+        // Removals that fail for want of space are not retried: the
+        // messages come back at the next start (sent again, dropped by the
+        // receiver), never lost.
+        Some(Box::new(move || {
+            mark(&broken, remove_durably(&db, &path, &seqs))
+        }))
     }
+
+    fn can_load(&self) -> bool {
+        true
+    }
+
+    fn load(&mut self, from: u64, n: usize) -> Result<Vec<QueuedMessage>, StoreError> {
+        let path = self.path.as_path();
+        let err = |what| at(path, what);
+        let db = self.db()?;
+        let tx = db
+            .begin_read()
+            .map_err(|e| err("starting a read")(e.into()))?;
+        let t = tx
+            .open_table(MESSAGES)
+            .map_err(|e| err("opening the messages table")(e.into()))?;
+        let mut out = Vec::new();
+        for item in t
+            .range(from..)
+            .map_err(|e| err("reading messages")(e.into()))?
+            .take(n)
+        {
+            let (k, v) = item.map_err(|e| err("reading messages")(e.into()))?;
+            let id = k.value();
+            out.push(decode_record(id, v.value()).ok_or_else(|| StoreError {
+                path: path.display().to_string(),
+                what: "reading messages",
+                cause: format!("record {id} is corrupt").into(),
+                full: false,
+            })?);
+        }
+        Ok(out)
+    }
+
+    fn revive(&mut self) -> Result<Option<Recovered>, StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.db.is_some() && !self.broken.load(Relaxed) {
+            return Ok(None);
+        }
+        // redb refuses every write after a failed one: close the database
+        // (once no job holds it) and open it again, which repairs it.
+        if let Some(db) = self.db.take() {
+            if let Err(db) = Arc::try_unwrap(db) {
+                self.db = Some(db);
+                return Err(StoreError {
+                    path: self.path.display().to_string(),
+                    what: "opening again",
+                    cause: "a write is still running".into(),
+                    full: true,
+                });
+            }
+        }
+        let (db, rec) = open_db(&self.dir, &self.path, Some(&self.rec.publisher))?;
+        self.db = Some(Arc::new(db));
+        self.broken.store(false, Relaxed);
+        if std::mem::take(&mut self.deferred) {
+            self.rec = rec.clone();
+            return Ok(Some(rec));
+        }
+        Ok(None)
+    }
+}
+
+impl RedbStore {
+    /// Notes a failed write for want of space (the database must be opened
+    /// again).
+    fn note(&mut self, r: Result<(), StoreError>) -> Result<(), StoreError> {
+        mark(&self.broken, r)
+    }
+}
+
+/// Sets `broken` when `r` failed for want of space.
+fn mark(
+    broken: &std::sync::atomic::AtomicBool,
+    r: Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    if let Err(e) = &r {
+        if e.is_disk_full() {
+            broken.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    r
 }
 
 /// Turns a database error while doing `what` on `path` into a StoreError.
 fn at<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(redb::Error) -> StoreError + 'a {
-    move |e| StoreError {
-        path: path.display().to_string(),
-        what,
-        cause: Box::new(e),
-    }
+    move |e| StoreError::db(path, what, e)
 }
 
 fn begin(db: &Database, path: &Path) -> Result<redb::WriteTransaction, StoreError> {
@@ -471,21 +736,27 @@ mod tests {
             let other = q.enqueue("c", "x", 7);
             s.append(&[other], q.next_id()).unwrap();
         }
-        let s = RedbStore::open(&dir, Some("ignored")).unwrap();
-        let r = s.recovered();
+        let mut s = RedbStore::open(&dir, Some("ignored")).unwrap();
+        let r = s.recovered().clone();
+        let unacked = s.load(0, 100).unwrap();
+        assert_eq!(
+            r.index.iter().map(|&(id, _)| id).collect::<Vec<_>>(),
+            unacked.iter().map(|m| m.id).collect::<Vec<_>>()
+        );
+        assert_eq!(r.index[0].1, (3 + unacked[0].payload.len()) as u64);
         assert_eq!(r.publisher, publisher);
         assert_eq!(r.numbering.next_id, 7);
         assert_eq!(r.numbering.seq_base, 1);
         assert_eq!(r.numbering.topic_next.get("a/b"), Some(&6));
         assert_eq!(r.numbering.topic_next.get("c"), Some(&2));
-        let ids: Vec<(u64, u64)> = r.unacked.iter().map(|m| (m.id, m.seq)).collect();
+        let ids: Vec<(u64, u64)> = unacked.iter().map(|m| (m.id, m.seq)).collect();
         assert_eq!(
             ids,
             vec![(3, 3), (4, 4), (5, 5), (6, 1)],
             "drop flushes the last ack"
         );
-        assert_eq!(r.unacked[0].topic, "a/b");
-        let e = crate::payload::decode(&r.unacked[0].payload).unwrap();
+        assert_eq!(unacked[0].topic, "a/b");
+        let e = crate::payload::decode(&unacked[0].payload).unwrap();
         assert_eq!((e.seq, e.msg.as_str()), (3, "2"));
         drop(s);
         let _ = std::fs::remove_dir_all(&dir);
@@ -518,24 +789,25 @@ mod tests {
                         seq,
                         topic: topic.into(),
                         payload: env.encode(),
+                        retain: false,
                     };
                     t.insert(seq, encode_record(&m).as_slice()).unwrap();
                 }
             }
             tx.commit().unwrap();
         }
-        let s = RedbStore::open(&dir, None).unwrap();
+        let mut s = RedbStore::open(&dir, None).unwrap();
         let r = s.recovered().clone();
+        let unacked = s.load(1, 10).unwrap();
         drop(s);
         assert_eq!(r.publisher, "mg-old");
         assert_eq!((r.numbering.next_id, r.numbering.seq_base), (8, 8));
-        let got: Vec<(u64, u64, &str)> = r
-            .unacked
+        let got: Vec<(u64, u64, &str)> = unacked
             .iter()
             .map(|m| (m.id, m.seq, m.topic.as_str()))
             .collect();
         assert_eq!(got, vec![(6, 6, "a"), (7, 7, "b")]);
-        let mut q = PubQueue::restore("mg-old", 1, r.numbering, r.unacked);
+        let mut q = PubQueue::restore("mg-old", 1, r.numbering, unacked);
         // Resent first, as they were; then every topic above 7.
         assert_eq!(q.poll_transmit().map(|m| m.seq), Some(6));
         let a = q.enqueue("a", "new", 2);
@@ -544,6 +816,57 @@ mod tests {
         // seq_base was saved: the same on the next open.
         let s = RedbStore::open(&dir, None).unwrap();
         assert_eq!(s.recovered().numbering.seq_base, 8);
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A restart with a large queue: the store's index is read, the
+    /// payloads come in chunks, never more than the resident bound in
+    /// memory, and the messages leave in order.
+    #[test]
+    fn a_large_queue_is_read_back_in_order_in_bounded_chunks() {
+        let dir = tmp("large");
+        const N: u64 = 3000;
+        {
+            let mut s = RedbStore::open(&dir, Some("p")).unwrap();
+            let mut q = PubQueue::new("p", 1);
+            for chunk in 0..(N / 500) {
+                let ms: Vec<_> = (0..500)
+                    .map(|i| q.enqueue(&format!("t/{}", i % 3), &format!("{chunk}-{i}"), 1))
+                    .collect();
+                s.append(&ms, q.next_id()).unwrap();
+            }
+        }
+        let mut s = RedbStore::open(&dir, None).unwrap();
+        let rec = s.recovered().clone();
+        assert_eq!(rec.index.len() as u64, N);
+        let mut q = PubQueue::restore_index("p", 8, rec.numbering, &rec.index);
+        q.set_resident(100);
+        assert_eq!(q.resident(), 0, "nothing read at open");
+        let (mut sent, mut loads, mut most) = (Vec::new(), 0, 0);
+        let mut per_topic = [0u64; 3];
+        for _ in 0..10 * N {
+            while let Some((from, n)) = q.wants_load() {
+                q.fill(s.load(from, n).unwrap());
+                loads += 1;
+            }
+            most = most.max(q.resident());
+            let out: Vec<_> = std::iter::from_fn(|| q.poll_transmit()).collect();
+            if out.is_empty() && q.is_empty() {
+                break;
+            }
+            for m in out {
+                let k: usize = m.topic[2..].parse().unwrap();
+                per_topic[k] += 1;
+                assert_eq!(m.seq, per_topic[k], "each topic in order");
+                sent.push(m.id);
+                assert!(q.on_ack(m.id));
+            }
+        }
+        assert_eq!(sent, (1..=N).collect::<Vec<_>>());
+        assert!(most <= 100, "at most 100 payloads in memory, saw {most}");
+        assert!(loads >= (N / 100) as usize, "read in chunks: {loads} reads");
+        assert_eq!(q.next_seq("t/0"), per_topic[0] + 1, "numbering continues");
         drop(s);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -560,16 +883,30 @@ mod tests {
 
     #[test]
     fn record_codec_rejects_truncation() {
-        let m = QueuedMessage {
+        let mut m = QueuedMessage {
             id: 1,
             seq: 1,
             topic: "t/x".into(),
             payload: b"{}".to_vec(),
+            retain: false,
         };
         let r = encode_record(&m);
-        assert_eq!(decode_record(1, &r), Some(m));
+        assert_eq!(decode_record(1, &r), Some(m.clone()));
         for cut in 0..5 {
             assert_eq!(decode_record(1, &r[..cut]), None, "cut {cut}");
         }
+        m.retain = true;
+        let r = encode_record(&m);
+        assert!(record_ok(&r));
+        assert_eq!(decode_record(1, &r), Some(m));
+        for cut in 0..8 {
+            assert_eq!(decode_record(1, &r[..cut]), None, "cut {cut}");
+            assert!(!record_ok(&r[..cut]), "cut {cut}");
+        }
+        assert_eq!(
+            decode_record(1, &[0, 0, 9, 0, 1, b't']),
+            None,
+            "unknown flag"
+        );
     }
 }

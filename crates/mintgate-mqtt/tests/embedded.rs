@@ -210,7 +210,7 @@ fn concurrent_enqueues_share_durable_writes_and_stay_in_order() {
     p.close(Duration::from_secs(1));
     let s = mintgate_mqtt::store::RedbStore::open(&state, None).unwrap();
     use mintgate_mqtt::store::Store as _;
-    assert!(s.recovered().unacked.is_empty());
+    assert!(s.recovered().index.is_empty());
     assert_eq!(s.recovered().numbering.topic_next.get(&t), Some(&201));
     drop(s);
     let _ = std::fs::remove_dir_all(&state);
