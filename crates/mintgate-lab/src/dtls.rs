@@ -286,10 +286,10 @@ pub fn lab_dtls(opts: &LabOptions, d: &DtlsOptions) -> anyhow::Result<Summary> {
             );
             let _ = writeln!(
                 t,
-                "  sessions under flood {:>10.0} requests/s (p50 {:.3} ms): -{:.1} % (target < {FLOOD_DROP_TARGET:.0} %)",
+                "  sessions under flood {:>10.0} requests/s (p50 {:.3} ms): {:+.1} % (target: a fall of less than {FLOOD_DROP_TARGET:.0} %)",
                 f.during.rate,
                 f.during.p50_ms,
-                f.drop_pct()
+                -f.drop_pct()
             );
             let _ = writeln!(
                 t,
