@@ -89,8 +89,8 @@ impl WriteMode {
 /// What a write refused for want of a chosen `access.write` is told, HTTP
 /// and CoAP alike.
 pub const UNSET_WHY: &str = "writes from other hosts (and through the HTTP proxy) are refused \
-until the gateway's owner chooses who may write: set access.write = \"open\", \"token\" or \
-\"dtls\" in the [access] section of the config (see docs/security.md)";
+until the gateway's owner chooses who may write: set access.write = \"open\", \"token\", \
+\"dtls\" or \"oscore\" in the [access] section of the config (see docs/security.md)";
 
 /// The warning `mintgate serve` and `mintgate proxy` log once at start when
 /// `access.write` is not chosen and one of `listeners` is not on loopback
@@ -108,7 +108,8 @@ pub fn unset_warning(access: &AccessSection, listeners: &[SocketAddr]) -> Option
         format!(
             "listening on {} with access.write not chosen: writes from other hosts and \
              through the HTTP proxy are refused (4.03 / 403) until [access] write = \
-             \"open\", \"token\" or \"dtls\" is set; reads are served (docs/security.md)",
+             \"open\", \"token\", \"dtls\" or \"oscore\" is set; reads are served \
+             (docs/security.md)",
             open.join(", ")
         )
     })
