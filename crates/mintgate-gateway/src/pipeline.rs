@@ -146,6 +146,16 @@ impl Shared {
         freed
     }
 
+    /// Sends what each listener's batch holds, counting sent datagrams and
+    /// send errors.
+    fn flush(&self, sbs: &mut [SendBatch]) {
+        for (i, sb) in sbs.iter_mut().enumerate() {
+            let (s, f) = sb.flush(&self.listeners[i]);
+            self.counters.sh_sent.fetch_add(s as u64, Relaxed);
+            self.counters.sh_errors.fetch_add(f as u64, Relaxed);
+        }
+    }
+
     /// Sends one of the endpoint's transmissions through `sb` (a message)
     /// or at once (an empty ACK or Reset).
     fn transmit(&self, sb: &mut SendBatch, t: Transmit) {
@@ -1161,11 +1171,7 @@ fn handler_loop(sh: &Shared, w: &Worker) {
             }
         }
         drop(router);
-        for (i, sb) in sbs.iter_mut().enumerate() {
-            let (s, f) = sb.flush(&sh.listeners[i]);
-            c.sh_sent.fetch_add(s as u64, Relaxed);
-            c.sh_errors.fetch_add(f as u64, Relaxed);
-        }
+        sh.flush(&mut sbs);
         c.htp_handled.fetch_add(n, Relaxed);
         c.htp_busy_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
@@ -1231,11 +1237,7 @@ fn timer_loop(sh: &Shared) {
             let li = t.listener;
             sh.transmit(&mut sbs[li], t);
         }
-        for (i, sb) in sbs.iter_mut().enumerate() {
-            let (s, f) = sb.flush(&sh.listeners[i]);
-            sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
-            sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
-        }
+        sh.flush(&mut sbs);
         // coaps: handshake retransmissions, idle and stalled sessions
         for (li, d) in sh.dtls.iter().enumerate() {
             if let Some(d) = d {
@@ -1267,11 +1269,7 @@ fn notify_loop(sh: &Shared) {
                 sh.transmit(&mut sbs[li], t);
             }
         }
-        for (i, sb) in sbs.iter_mut().enumerate() {
-            let (s, f) = sb.flush(&sh.listeners[i]);
-            sh.counters.sh_sent.fetch_add(s as u64, Relaxed);
-            sh.counters.sh_errors.fetch_add(f as u64, Relaxed);
-        }
+        sh.flush(&mut sbs);
     }
 }
 

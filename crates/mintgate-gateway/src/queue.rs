@@ -78,6 +78,24 @@ struct State {
     peers: HashMap<IpAddr, usize>,
 }
 
+impl State {
+    /// Gives back what `job` held of the bound (and, with per-source
+    /// tracking, of its source's share) as it leaves the queue.
+    fn release(&mut self, job: &Job, per_source: bool) {
+        let c = job.cost();
+        self.bytes -= c;
+        if per_source {
+            let key = peer_key(&job.peer);
+            if let Some(held) = self.peers.get_mut(&key) {
+                *held = held.saturating_sub(c);
+                if *held == 0 {
+                    self.peers.remove(&key);
+                }
+            }
+        }
+    }
+}
+
 /// A FIFO of [`Job`]s holding at most `max_bytes` of blocks.
 ///
 /// Producers push whole batches under one lock; consumers take up to a batch
@@ -179,15 +197,7 @@ impl HtpQueue {
                     let Some(old) = st.bulk.pop_back() else {
                         break;
                     };
-                    let oc = old.cost();
-                    st.bytes -= oc;
-                    let ok = peer_key(&old.peer);
-                    if let Some(h) = st.peers.get_mut(&ok) {
-                        *h = h.saturating_sub(oc);
-                        if *h == 0 {
-                            st.peers.remove(&ok);
-                        }
-                    }
+                    st.release(&old, true);
                     rejected.push((old, Shed::QueueFull));
                 }
             }
@@ -250,23 +260,11 @@ impl HtpQueue {
         let state = &mut *st;
         let limited = self.peer_max_bytes < self.max_bytes;
         let light = n.min(state.jobs.len());
-        let taken = state
-            .jobs
-            .drain(..light)
-            .chain(state.bulk.drain(..n - light));
-        for job in taken {
-            let c = job.cost();
-            state.bytes -= c;
-            if limited {
-                let key = peer_key(&job.peer);
-                if let Some(held) = state.peers.get_mut(&key) {
-                    *held = held.saturating_sub(c);
-                    if *held == 0 {
-                        state.peers.remove(&key);
-                    }
-                }
-            }
-            out.push(job);
+        let start = out.len();
+        out.extend(state.jobs.drain(..light));
+        out.extend(state.bulk.drain(..n - light));
+        for job in &out[start..] {
+            state.release(job, limited);
         }
         let left = state.jobs.len() + state.bulk.len();
         self.len_hint.store(left, Relaxed);
