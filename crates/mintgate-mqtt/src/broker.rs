@@ -36,6 +36,53 @@ fn wait_listening(addr: SocketAddr, limit: Duration) -> bool {
     false
 }
 
+/// Whether the process `pid` itself holds a socket listening on `addr`.
+///
+/// A connect that succeeds is not enough: the port was only found free,
+/// and another test's socket may take it before mosquitto binds (mosquitto
+/// then exits, and the connect reached the other one). On Linux the
+/// answer is read from /proc: a LISTEN entry of /proc/net/tcp for the
+/// address whose inode is one of the child's descriptors.
+#[cfg(target_os = "linux")]
+fn child_listens(pid: u32, addr: SocketAddr) -> bool {
+    let SocketAddr::V4(v4) = addr else {
+        return false;
+    };
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            (f.len() > 9 && f[1] == local && f[3] == "0A").then(|| format!("socket:[{}]", f[9]))
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .map(|l| inodes.iter().any(|i| l.as_os_str() == i.as_str()))
+            .unwrap_or(false)
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn child_listens(_pid: u32, addr: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
 /// Sets TCP_NODELAY on this process's listening TCP sockets bound to one of
 /// `addrs`; returns how many it found.
 ///
@@ -312,7 +359,8 @@ impl Mosquitto {
                     )));
                 }
             }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            let pid = self.child.as_ref().map(|c| c.id());
+            if pid.is_some_and(|pid| child_listens(pid, addr)) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
