@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s (at %dm%02ds)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 # Debian packages the tests need. apt-get update first: a new machine's lists are empty.
-PKGS=(libcoap3-bin mosquitto valgrind libssl-dev pkg-config)
+PKGS=(libcoap3-bin mosquitto mosquitto-clients valgrind libssl-dev pkg-config)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

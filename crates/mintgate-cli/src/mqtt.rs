@@ -473,7 +473,7 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
                         "topic": d.topic,
                         "seq": d.env.seq,
                         "ts": d.env.ts,
-                        "msg": d.env.msg,
+                        "msg": d.env.msg_value(),
                         "skipped_before": d.skipped_before,
                     })
                     .to_string()

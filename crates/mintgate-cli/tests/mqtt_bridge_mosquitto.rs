@@ -246,6 +246,22 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
+/// `mintgate serve --mqtt --config CFG --log FILTER`, its log to `log`.
+fn serve_mqtt(cfg: &Path, filter: &str, log: &Path) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_mintgate"))
+            .args(["serve", "--mqtt", "--config"])
+            .arg(cfg)
+            .args(["--log", filter])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("running mintgate serve"),
+    )
+}
+
 fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
     while Instant::now() < end {
@@ -357,18 +373,7 @@ fn serve_mqtt_bridges_against_mosquitto() {
     let mut time = Collector::start(&url, &format!("{prefix}libcoap/time"));
 
     let log = dir.join("serve.log");
-    let mut serve = Proc(
-        Command::new(env!("CARGO_BIN_EXE_mintgate"))
-            .args(["serve", "--mqtt", "--config"])
-            .arg(&cfg)
-            .args(["--log", "warn,mintgate_gateway::bridge=info"])
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("running mintgate serve"),
-    );
+    let mut serve = serve_mqtt(&cfg, "warn,mintgate_gateway::bridge=info", &log);
     let server_log = || strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
     assert!(
         coap_ready(&mut serve.0, coap),
@@ -491,6 +496,231 @@ fn serve_mqtt_bridges_against_mosquitto() {
         .unwrap_or_else(|| panic!("no stop line: {text}"));
     assert!(stopped.contains("unacked=0"), "{stopped}");
     assert!(dir.join("queue").join("queue.redb").is_file());
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One message as `mosquitto_sub -V mqttv5 -F '%t|%E|%P|%p'` prints it.
+#[derive(Debug)]
+struct Seen {
+    topic: String,
+    expiry: Option<u64>,
+    publisher: Option<String>,
+    seq: Option<u64>,
+    payload: String,
+}
+
+fn parse_seen(line: &str) -> Option<Seen> {
+    let mut f = line.splitn(4, '|');
+    let (topic, expiry, props, payload) = (f.next()?, f.next()?, f.next()?, f.next()?);
+    let prop = |k: &str| {
+        props
+            .split_whitespace()
+            .find_map(|p| p.strip_prefix(k)?.strip_prefix(':').map(str::to_owned))
+    };
+    Some(Seen {
+        topic: topic.into(),
+        expiry: expiry.trim().parse().ok(),
+        publisher: prop("pub"),
+        seq: prop("seq").and_then(|s| s.parse().ok()),
+        payload: payload.into(),
+    })
+}
+
+/// Payload formats (SenML, bare), topic templates and the MQTT 5
+/// properties (publisher and seq as user properties, message expiry), as
+/// mosquitto's own `mosquitto_sub` sees them.
+#[test]
+fn formats_templates_and_mqtt5_properties_against_mosquitto() {
+    let dir = tmp("formats");
+    let (Some(bin), true) = (find_mosquitto(), on_path("mosquitto_sub")) else {
+        if require_peers() {
+            panic!("mosquitto or mosquitto_sub is not installed and MINTGATE_REQUIRE_PEERS is set (apt-get install mosquitto mosquitto-clients)");
+        }
+        eprintln!("skipping: mosquitto or mosquitto_sub is not installed");
+        return;
+    };
+    let broker = Mosquitto::start(&bin, &dir.join("mosquitto")).expect("starting mosquitto");
+    let root = format!("fmt-{}", unique());
+    let (coap, mport) = (free_udp_port(), free_tcp_port());
+    let values = dir.join("values.csv");
+    let n = 30usize;
+    std::fs::write(
+        &values,
+        (1..=n).map(|i| format!("{i}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let cfg = dir.join("gw.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[coap]
+bind = ["127.0.0.1:{coap}"]
+[pipeline]
+pool = "fixed:1"
+[metrics]
+bind = "127.0.0.1:{mport}"
+[[devices.list]]
+name = "temp0"
+kind = "sim-sensor"
+signal = "replay({values})"
+period = "20ms"
+unit = "Cel"
+[[devices.list]]
+name = "temp1"
+kind = "sim-sensor"
+signal = "replay({values})"
+period = "20ms"
+[mqtt]
+broker = "mqtt5://127.0.0.1:{port}"
+state = "{state}"
+publish_devices = false
+format = "senml"
+message_expiry = "1h"
+status_topic = "{root}/status/{{gateway}}"
+[[mqtt.publish]]
+device = "temp0"
+topic = "{root}/{{gateway}}/{{kind}}/{{device}}"
+[[mqtt.publish]]
+device = "temp1"
+topic = "{root}/bare/{{device}}"
+format = "bare"
+"#,
+            values = values.display(),
+            port = broker.port(),
+            state = dir.join("queue").display(),
+        ),
+    )
+    .unwrap();
+    let sub_out = dir.join("sub.txt");
+    let sub = Proc(
+        Command::new("mosquitto_sub")
+            .args(["-V", "mqttv5", "-h", "127.0.0.1", "-p"])
+            .arg(broker.port().to_string())
+            .args(["-t", &format!("{root}/#"), "-F", "%t|%E|%P|%p", "-W", "60"])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&sub_out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("running mosquitto_sub"),
+    );
+    // mosquitto_sub subscribed: a probe it prints
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let _ = publish_raw(
+                &broker.url(),
+                &format!("{root}/probe"),
+                &[b"p".to_vec()],
+                Duration::from_secs(2),
+            );
+            std::fs::read_to_string(&sub_out).is_ok_and(|t| t.contains("/probe|"))
+        }),
+        "mosquitto_sub did not subscribe"
+    );
+    let log = dir.join("serve.log");
+    let _serve = serve_mqtt(&cfg, "warn", &log);
+    let seen = || -> Vec<Seen> {
+        std::fs::read_to_string(&sub_out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(parse_seen)
+            .filter(|s| !s.topic.ends_with("/probe"))
+            .collect()
+    };
+    let bare_topic = format!("{root}/bare/temp1");
+    let done = wait_for(Duration::from_secs(30), || {
+        let s = seen();
+        s.iter().filter(|m| m.topic == bare_topic).count() >= n
+            && s.iter()
+                .filter(|m| m.payload.starts_with('['))
+                .map(|m| m.payload.matches("\"n\"").count())
+                .sum::<usize>()
+                >= n
+    });
+    let s = seen();
+    let server_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(done, "not all values within 30 s: {s:?} {server_log}");
+
+    // every queued publish: expiry within the hour, publisher and seq
+    let gw = s
+        .iter()
+        .find_map(|m| m.publisher.clone())
+        .unwrap_or_else(|| panic!("no publisher property: {s:?}"));
+    let status = format!("{root}/status/{gw}");
+    for m in s.iter().filter(|m| m.topic != status) {
+        assert!(
+            m.expiry.is_some_and(|e| (3590..=3600).contains(&e)),
+            "{m:?}"
+        );
+        assert_eq!(m.publisher.as_deref(), Some(gw.as_str()), "{m:?}");
+    }
+    // the status topic, with the gateway id
+    assert!(
+        s.iter().any(|m| m.topic == status && m.payload == "online"),
+        "{s:?}"
+    );
+    // the replayed values come round in order (the first ones may have
+    // been sampled before the bridges started)
+    let in_order = |v: &[f64]| v.windows(2).all(|w| w[1] == w[0] % n as f64 + 1.0);
+    // bare: the values alone, their seqs 1, 2, 3, ...
+    let bare: Vec<&Seen> = s.iter().filter(|m| m.topic == bare_topic).collect();
+    let vals: Vec<f64> = bare.iter().map(|m| m.payload.parse().unwrap()).collect();
+    assert!(in_order(&vals), "{vals:?}");
+    for (i, m) in bare.iter().enumerate() {
+        assert_eq!(m.seq, Some(i as u64 + 1), "{bare:?}");
+    }
+    // SenML on the templated topic: one pack per batch, records in order
+    let senml_topic = format!("{root}/{gw}/sim-sensor/temp0");
+    let mut vals = Vec::new();
+    let mut seqs = Vec::new();
+    for m in s.iter().filter(|m| m.payload.starts_with('[')) {
+        assert_eq!(m.topic, senml_topic, "{m:?}");
+        seqs.push(m.seq.unwrap());
+        let pack: serde_json::Value = serde_json::from_str(&m.payload).unwrap();
+        let recs = pack.as_array().unwrap();
+        assert_eq!(recs[0]["bn"], format!("{gw}/"), "{m:?}");
+        for r in recs {
+            assert_eq!(
+                (r["n"].as_str(), r["u"].as_str()),
+                (Some("temp0"), Some("Cel"))
+            );
+            assert!(r["t"].as_f64().unwrap() > 1.0e9, "absolute time: {r}");
+            vals.push(r["v"].as_f64().unwrap());
+        }
+    }
+    assert!(vals.len() >= n && in_order(&vals), "{vals:?}");
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+
+    // `mintgate subscribe` orders bare payloads by their MQTT 5 properties
+    let o = Command::new(env!("CARGO_BIN_EXE_mintgate"))
+        .args(["subscribe", "--broker"])
+        .arg(format!("mqtt5://127.0.0.1:{}", broker.port()))
+        .args([
+            "--topic",
+            &bare_topic,
+            "--count",
+            "5",
+            "--json",
+            "--timeout",
+            "20s",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running mintgate subscribe");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5, "{o:?}");
+    for w in lines.windows(2) {
+        assert_eq!(w[0]["pub"], gw.as_str());
+        assert_eq!(
+            w[1]["seq"].as_u64(),
+            w[0]["seq"].as_u64().map(|s| s + 1),
+            "{lines:?}"
+        );
+    }
+    drop(sub);
     drop(broker);
     let _ = std::fs::remove_dir_all(&dir);
 }

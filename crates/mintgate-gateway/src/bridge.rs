@@ -47,14 +47,15 @@ use mintgate_devices::directpath::{Event, OutputSink};
 use mintgate_devices::{Device, DeviceManager, Direction};
 use mintgate_mqtt::broker::EmbeddedBroker;
 use mintgate_mqtt::conn::check_topic;
-use mintgate_mqtt::publisher::Status;
+use mintgate_mqtt::publisher::{Flags, Status, GATEWAY_PLACEHOLDER};
 use mintgate_mqtt::{
     BrokerUrl, Listener, ListenerConfig, ListenerControl, Publisher, PublisherConfig, Qos,
 };
 use mintgate_sched::ThreadPoolManager;
 
+use crate::bridge_format::{self as fmt, expand, Format, TemplateVars};
 use crate::config::MqttSection;
-use crate::devices::{fmt_value, parse_put, resource_path};
+use crate::devices::{parse_put, resource_path};
 use crate::observe_client::{resolve, Observation, ObserveEvent};
 use crate::pipeline::MetricsSource;
 
@@ -108,6 +109,8 @@ struct Route {
     unit: Option<String>,
     /// Published with the retain flag.
     retain: bool,
+    /// Payload format.
+    format: Format,
     /// 0: every value.
     min_interval_ns: u64,
     /// When the last value passed, ns since the hub's start (`NEVER`: none).
@@ -127,6 +130,7 @@ enum Item {
     /// A link's `mqtt(TOPIC)` output.
     Link {
         topic: Arc<str>,
+        format: Format,
         input: u32,
         value: f64,
         unix_ms: u64,
@@ -134,12 +138,26 @@ enum Item {
     /// A notification of an observed resource.
     Observed {
         topic: Arc<str>,
+        format: Format,
+        /// The resource's path (a SenML record's name).
+        path: Arc<str>,
         uri: Arc<str>,
         observe: Option<u32>,
         content_format: Option<u16>,
         payload: Vec<u8>,
         unix_ms: u64,
     },
+}
+
+/// One `[[mqtt.observe]]` entry, ready.
+struct Observed {
+    text: Arc<str>,
+    uri: CoapUri,
+    accept: Option<ContentFormat>,
+    topic: String,
+    format: Format,
+    /// The resource's path, `sensors/temp0`.
+    path: Arc<str>,
 }
 
 /// What the producers share: the channel's sending side and the counters.
@@ -193,6 +211,7 @@ fn unix_ms() -> u64 {
 /// The `mqtt(TOPIC)` output of a direct-path link.
 struct MqttOut {
     topic: Arc<str>,
+    format: Format,
     hub: Arc<Hub>,
 }
 
@@ -207,6 +226,7 @@ impl OutputSink for MqttOut {
         }
         if self.hub.offer(Item::Link {
             topic: self.topic.clone(),
+            format: self.format,
             input: ev.input,
             value,
             unix_ms: unix_ms(),
@@ -269,54 +289,6 @@ fn parse_value_text(payload: &[u8]) -> Result<f64, String> {
         return crate::devices::json_value(&v, &["value"]);
     }
     parse_put(payload)
-}
-
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
-}
-
-fn json_num(v: f64) -> String {
-    if v.is_finite() {
-        fmt_value(v)
-    } else {
-        "null".into()
-    }
-}
-
-fn value_body(device: &str, unit: Option<&str>, value: f64, unix_ms: u64) -> String {
-    let unit = unit
-        .map(|u| format!(",\"unit\":{}", json_str(u)))
-        .unwrap_or_default();
-    format!(
-        "{{\"device\":{},\"value\":{}{unit},\"ts\":{unix_ms}}}",
-        json_str(device),
-        json_num(value)
-    )
-}
-
-fn observed_body(
-    uri: &str,
-    observe: Option<u32>,
-    cf: Option<u16>,
-    payload: &[u8],
-    unix_ms: u64,
-) -> String {
-    let text = String::from_utf8_lossy(payload);
-    let value = text
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite())
-        .map(|v| format!(",\"value\":{}", json_num(v)))
-        .unwrap_or_default();
-    let opt = |v: Option<u64>| v.map_or("null".to_string(), |v| v.to_string());
-    format!(
-        "{{\"uri\":{},\"observe\":{},\"ct\":{},\"payload\":{}{value},\"ts\":{unix_ms}}}",
-        json_str(uri),
-        opt(observe.map(u64::from)),
-        opt(cf.map(u64::from)),
-        json_str(&text)
-    )
 }
 
 fn spawn(
@@ -393,18 +365,35 @@ impl MqttBridge {
 
         // Routes first: a configuration error should not leave a broker
         // started for nothing.
-        let mut routes: Vec<Arc<Route>> = Vec::new();
+        // {device} and {kind} now, {gateway} once the queue says its id
+        let dev_topic = |template: &str, dev: &Device, key: &'static str| {
+            let kind = serde_json::to_value(dev.spec().kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let vars = TemplateVars {
+                device: Some((dev.name(), &kind)),
+                gateway: None,
+            };
+            expand(template, vars).map_err(|e| bad(key, e))
+        };
+        let mut routes: Vec<Route> = Vec::new();
         let mut route_devs: Vec<Arc<Device>> = Vec::new();
         if cfg.publish_devices {
             for dev in manager.list() {
-                routes.push(Arc::new(Route {
+                routes.push(Route {
                     device: dev.name().to_string(),
-                    topic: format!("{}{}", cfg.topic_prefix, resource_path(&dev)),
+                    topic: format!(
+                        "{}{}",
+                        dev_topic(&cfg.topic_prefix, &dev, "mqtt.topic_prefix")?,
+                        resource_path(&dev)
+                    ),
                     unit: dev.spec().unit.clone(),
                     retain: cfg.retain,
+                    format: cfg.format_of(None),
                     min_interval_ns: 0,
                     last_ns: AtomicU64::new(NEVER),
-                }));
+                });
                 route_devs.push(dev);
             }
         }
@@ -419,14 +408,15 @@ impl MqttBridge {
                 .transpose()
                 .map_err(|e| bad("mqtt.publish", e))?
                 .unwrap_or_default();
-            routes.push(Arc::new(Route {
+            routes.push(Route {
                 device: p.device.clone(),
-                topic: p.topic.clone(),
+                topic: dev_topic(&p.topic, &dev, "mqtt.publish")?,
                 unit: dev.spec().unit.clone(),
                 retain: p.retain.unwrap_or(cfg.retain),
+                format: cfg.format_of(p.format.as_deref()),
                 min_interval_ns: min.as_nanos() as u64,
                 last_ns: AtomicU64::new(NEVER),
-            }));
+            });
             route_devs.push(dev);
         }
         for r in &routes {
@@ -474,12 +464,21 @@ impl MqttBridge {
                         .ok_or_else(|| bad("mqtt.observe", format!("accept: unknown {a:?}")))
                 })
                 .transpose()?;
-            observes.push((
-                Arc::<str>::from(o.uri.as_str()),
+            let path = uri
+                .options
+                .iter()
+                .filter(|(n, _)| *n == mintgate_coap::wire::OptionNumber::URI_PATH)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                .collect::<Vec<_>>()
+                .join("/");
+            observes.push(Observed {
+                text: o.uri.as_str().into(),
                 uri,
                 accept,
-                Arc::<str>::from(o.topic.as_str()),
-            ));
+                topic: o.topic.clone(),
+                format: cfg.format_of(o.format.as_deref()),
+                path: path.into(),
+            });
         }
 
         let (broker, embedded) = match cfg.broker_url().map_err(|e| bad("mqtt.broker", e))? {
@@ -513,6 +512,7 @@ impl MqttBridge {
         };
         let qos = Qos::from_level(cfg.qos).unwrap_or(Qos::AtLeastOnce);
         let mut pc = PublisherConfig::new(broker.clone());
+        pc.message_expiry = cfg.message_expiry();
         pc.qos = qos;
         pc.window = cfg.window;
         pc.state = cfg.persist.then(|| cfg.state.clone());
@@ -525,6 +525,32 @@ impl MqttBridge {
                 unacked = status.resumed,
                 "MQTT publish queue: resending what the last run left unacknowledged"
             );
+        }
+
+        // {gateway} in the topics: the queue's publisher id
+        let gateway: Arc<str> = publisher.publisher_id().into();
+        let with_gw = |t: &str| t.replace(GATEWAY_PLACEHOLDER, &gateway);
+        let routes: Vec<Arc<Route>> = routes
+            .into_iter()
+            .map(|mut r| {
+                r.topic = with_gw(&r.topic);
+                Arc::new(r)
+            })
+            .collect();
+        let commands: HashMap<String, Arc<Device>> = commands
+            .into_iter()
+            .map(|(t, d)| (with_gw(&t), d))
+            .collect();
+        for o in &mut observes {
+            o.topic = with_gw(&o.topic);
+        }
+        for t in routes
+            .iter()
+            .map(|r| &r.topic)
+            .chain(commands.keys())
+            .chain(observes.iter().map(|o| &o.topic))
+        {
+            check_topic(t).map_err(|e| bad("mqtt", format!("topic {t:?}: {e}")))?;
         }
 
         let counters = Arc::new(BridgeCounters::default());
@@ -566,10 +592,17 @@ impl MqttBridge {
         {
             let hub = hub.clone();
             let command_topics: Vec<String> = commands.keys().cloned().collect();
+            let (gateway, format) = (gateway.clone(), cfg.format_of(None));
             manager.directpath().register_output_kind(
                 "mqtt",
                 Arc::new(move |arg: &str| -> Result<Arc<dyn OutputSink>, String> {
-                    let topic = arg.trim();
+                    let vars = TemplateVars {
+                        device: None,
+                        gateway: Some(&gateway),
+                    };
+                    let topic =
+                        expand(arg.trim(), vars).map_err(|e| format!("mqtt({arg}): {e}"))?;
+                    let topic = topic.as_str();
                     check_topic(topic).map_err(|e| format!("mqtt({arg}): {e}"))?;
                     if command_topics.iter().any(|c| c == topic) {
                         return Err(format!(
@@ -579,6 +612,7 @@ impl MqttBridge {
                     }
                     Ok(Arc::new(MqttOut {
                         topic: topic.into(),
+                        format,
                         hub: hub.clone(),
                     }))
                 }),
@@ -611,12 +645,12 @@ impl MqttBridge {
                 })?);
         }
         // observed resources
-        for (i, (text, uri, accept, topic)) in observes.into_iter().enumerate() {
+        for (i, o) in observes.into_iter().enumerate() {
             let (hub, stop) = (hub.clone(), stop.clone());
             bridge
                 .threads
                 .push(spawn(services, &format!("mqtt-observe-{i}"), move || {
-                    observe_loop(&hub, &stop, &text, &uri, accept, &topic)
+                    observe_loop(&hub, &stop, &o)
                 })?);
         }
         tracing::info!(
@@ -794,83 +828,154 @@ fn publish_loop(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        // consecutive messages to one topic go in one durable write
-        let mut run: Option<(Arc<str>, bool, Vec<String>)> = None;
+        // consecutive messages to one topic go in one durable write (and
+        // SenML records in one pack)
+        let mut run: Option<Run> = None;
         for it in batch.drain(..) {
-            let (topic, retain, body): (Arc<str>, bool, String) = match it {
-                Item::Value {
-                    route,
-                    value,
-                    unix_ms,
-                } => (
-                    route.topic.as_str().into(),
-                    route.retain,
-                    value_body(&route.device, route.unit.as_deref(), value, unix_ms),
-                ),
-                Item::Link {
-                    topic,
-                    input,
-                    value,
-                    unix_ms,
-                } => {
-                    let name = names.get(&input).cloned().or_else(|| {
-                        let d = m.list().into_iter().find(|d| d.input_id() == input)?;
-                        names.insert(input, d.name().to_string());
-                        Some(d.name().to_string())
-                    });
-                    let unit = m
-                        .get(name.as_deref().unwrap_or(""))
-                        .and_then(|d| d.spec().unit.clone());
-                    (
-                        topic,
-                        false,
-                        value_body(
-                            name.as_deref().unwrap_or("?"),
-                            unit.as_deref(),
-                            value,
-                            unix_ms,
-                        ),
-                    )
-                }
-                Item::Observed {
-                    topic,
-                    uri,
-                    observe,
-                    content_format,
-                    payload,
-                    unix_ms,
-                } => (
-                    topic,
-                    false,
-                    observed_body(&uri, observe, content_format, &payload, unix_ms),
-                ),
+            let Some((topic, retain, format, body)) = body_of(it, m, &mut names, c, &mut log)
+            else {
+                continue;
             };
             match &mut run {
-                Some((t, r, bodies)) if **t == *topic && *r == retain => bodies.push(body),
+                Some(r) if *r.topic == *topic && r.retain == retain && r.format == format => {
+                    r.bodies.push(body)
+                }
                 _ => {
-                    if let Some((t, r, bodies)) = run.take() {
-                        enqueue(p, &t, r, bodies, c, &mut log);
+                    if let Some(r) = run.take() {
+                        r.enqueue(p, c, &mut log);
                     }
-                    run = Some((topic, retain, vec![body]));
+                    run = Some(Run {
+                        topic,
+                        retain,
+                        format,
+                        bodies: vec![body],
+                    });
                 }
             }
         }
-        if let Some((t, r, bodies)) = run.take() {
-            enqueue(p, &t, r, bodies, c, &mut log);
+        if let Some(r) = run.take() {
+            r.enqueue(p, c, &mut log);
         }
     }
+}
+
+/// Consecutive messages to one topic, published alike.
+struct Run {
+    topic: Arc<str>,
+    retain: bool,
+    format: Format,
+    /// Bodies; SenML records for [`Format::Senml`].
+    bodies: Vec<String>,
+}
+
+impl Run {
+    fn enqueue(self, p: &Publisher, c: &BridgeCounters, log: &mut LogLimit) {
+        let flags = Flags {
+            retain: self.retain,
+            bare: self.format.bare(),
+        };
+        let bodies = if self.format == Format::Senml {
+            self.bodies
+                .chunks(fmt::SENML_MAX_RECORDS)
+                .map(|recs| fmt::senml_pack(p.publisher_id(), recs))
+                .collect()
+        } else {
+            self.bodies
+        };
+        enqueue(p, &self.topic, flags, bodies, c, log);
+    }
+}
+
+/// An item's topic, retain flag, format and body (a SenML record for
+/// [`Format::Senml`]); `None` when it cannot be published (counted).
+fn body_of(
+    it: Item,
+    m: &DeviceManager,
+    names: &mut HashMap<u32, String>,
+    c: &BridgeCounters,
+    log: &mut LogLimit,
+) -> Option<(Arc<str>, bool, Format, String)> {
+    Some(match it {
+        Item::Value {
+            route,
+            value,
+            unix_ms,
+        } => {
+            let (name, unit) = (&route.device, route.unit.as_deref());
+            let body = match route.format {
+                Format::Envelope => fmt::value_body(name, unit, value, unix_ms),
+                Format::Senml => fmt::senml_value(name, unit, value, unix_ms),
+                Format::Bare => fmt::bare_value(value),
+            };
+            (
+                route.topic.as_str().into(),
+                route.retain,
+                route.format,
+                body,
+            )
+        }
+        Item::Link {
+            topic,
+            format,
+            input,
+            value,
+            unix_ms,
+        } => {
+            let name = names.get(&input).cloned().or_else(|| {
+                let d = m.list().into_iter().find(|d| d.input_id() == input)?;
+                names.insert(input, d.name().to_string());
+                Some(d.name().to_string())
+            });
+            let name = name.as_deref().unwrap_or("?");
+            let unit = m.get(name).and_then(|d| d.spec().unit.clone());
+            let body = match format {
+                Format::Envelope => fmt::value_body(name, unit.as_deref(), value, unix_ms),
+                Format::Senml => fmt::senml_value(name, unit.as_deref(), value, unix_ms),
+                Format::Bare => fmt::bare_value(value),
+            };
+            (topic, false, format, body)
+        }
+        Item::Observed {
+            topic,
+            format,
+            path,
+            uri,
+            observe,
+            content_format,
+            payload,
+            unix_ms,
+        } => {
+            let body = match format {
+                Format::Envelope => {
+                    fmt::observed_body(&uri, observe, content_format, &payload, unix_ms)
+                }
+                Format::Senml => fmt::senml_observed(&path, &payload, unix_ms),
+                Format::Bare => match fmt::bare_observed(&payload) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        c.dropped_error.fetch_add(1, Relaxed);
+                        log.warn(format_args!(
+                            "MQTT bridge: a notification of {uri} lost: {e}"
+                        ));
+                        return None;
+                    }
+                },
+            };
+            (topic, false, format, body)
+        }
+    })
 }
 
 fn enqueue(
     p: &Publisher,
     topic: &str,
-    retain: bool,
+    flags: Flags,
     bodies: Vec<String>,
     c: &BridgeCounters,
     log: &mut LogLimit,
 ) {
     let n = bodies.len() as u64;
-    match p.enqueue_many_retained(topic, retain, bodies) {
+    match p.enqueue_many_with(topic, flags, bodies) {
         Ok(_) => {
             c.enqueued.fetch_add(n, Relaxed);
         }
@@ -934,14 +1039,9 @@ const SILENCE_MARGIN: Duration = Duration::from_secs(10);
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
-fn observe_loop(
-    hub: &Hub,
-    stop: &AtomicBool,
-    text: &Arc<str>,
-    uri: &CoapUri,
-    accept: Option<ContentFormat>,
-    topic: &Arc<str>,
-) {
+fn observe_loop(hub: &Hub, stop: &AtomicBool, o: &Observed) {
+    let (text, uri, accept) = (&o.text, &o.uri, o.accept);
+    let topic: Arc<str> = o.topic.as_str().into();
     let c = &hub.counters;
     let mut backoff = BACKOFF_MIN;
     while !stop.load(Relaxed) {
@@ -989,6 +1089,8 @@ fn observe_loop(
                     c.observe_notifications.fetch_add(1, Relaxed);
                     hub.offer(Item::Observed {
                         topic: topic.clone(),
+                        format: o.format,
+                        path: o.path.clone(),
                         uri: text.clone(),
                         observe: n.observe,
                         content_format: n.content_format,
@@ -1198,27 +1300,6 @@ mod tests {
     }
 
     #[test]
-    fn bodies_are_json() {
-        let b = value_body("temp0", Some("Cel"), 22.51349, 17);
-        assert_eq!(
-            b,
-            r#"{"device":"temp0","value":22.513,"unit":"Cel","ts":17}"#
-        );
-        let v: serde_json::Value =
-            serde_json::from_str(&value_body("a\"b", None, f64::NAN, 1)).unwrap();
-        assert!(v["value"].is_null());
-        assert_eq!(v["device"], "a\"b");
-        let o = observed_body("coap://h/x", Some(7), Some(0), b" 21.5 ", 3);
-        let v: serde_json::Value = serde_json::from_str(&o).unwrap();
-        assert_eq!(v["observe"], 7);
-        assert_eq!(v["value"], 21.5);
-        assert_eq!(v["payload"], " 21.5 ");
-        let o = observed_body("coap://h/x", None, None, b"\xffhi\"", 3);
-        let v: serde_json::Value = serde_json::from_str(&o).unwrap();
-        assert!(v["observe"].is_null() && v.get("value").is_none());
-    }
-
-    #[test]
     fn a_full_backlog_drops_and_counts() {
         let (tx, rx) = mpsc::sync_channel(2);
         let hub = Hub {
@@ -1232,6 +1313,7 @@ mod tests {
             topic: "t".into(),
             unit: None,
             retain: false,
+            format: Format::Envelope,
             min_interval_ns: 0,
             last_ns: AtomicU64::new(NEVER),
         });
@@ -1255,6 +1337,7 @@ mod tests {
                 topic: "t".into(),
                 unit: None,
                 retain: false,
+                format: Format::Envelope,
                 min_interval_ns: 0,
                 last_ns: AtomicU64::new(NEVER),
             }

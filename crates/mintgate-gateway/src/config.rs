@@ -145,6 +145,12 @@ pub struct MqttSection {
     pub status_offline: String,
     /// `[mqtt.queue]`: the publish queue's bounds.
     pub queue: MqttQueue,
+    /// Payload format of the bridges: `"envelope"`, `"senml"` or `"bare"`
+    /// (an entry's `format` overrides it).
+    pub format: String,
+    /// MQTT 5: message expiry interval of each publish, counted from when
+    /// the value was queued (`"10m"`; empty: none).
+    pub message_expiry: String,
 }
 
 /// `[mqtt.queue]`: how much the publish queue holds while the broker is
@@ -209,6 +215,8 @@ impl Default for MqttSection {
             status_online: "online".into(),
             status_offline: "offline".into(),
             queue: MqttQueue::default(),
+            format: "envelope".into(),
+            message_expiry: String::new(),
         }
     }
 }
@@ -228,6 +236,9 @@ pub struct MqttPublish {
     /// Publish with the retain flag (default: `[mqtt] retain`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retain: Option<bool>,
+    /// Payload format (default: `[mqtt] format`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
 }
 
 /// One `[[mqtt.command]]` entry: messages on a topic written to an actuator.
@@ -252,6 +263,9 @@ pub struct MqttObserve {
     /// Accept option of the registration (`text`, `json`, `50`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accept: Option<String>,
+    /// Payload format (default: `[mqtt] format`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
 }
 
 impl MqttSection {
@@ -279,6 +293,19 @@ impl MqttSection {
             username: (!self.username.is_empty()).then(|| self.username.clone()),
             password,
         })))
+    }
+
+    /// The message expiry interval (after [`MqttSection::validate`]).
+    pub fn message_expiry(&self) -> Option<std::time::Duration> {
+        (!self.message_expiry.is_empty())
+            .then(|| parse_duration(&self.message_expiry).ok())
+            .flatten()
+    }
+
+    /// The format of an entry whose own `format` is `own` (after
+    /// [`MqttSection::validate`]).
+    pub fn format_of(&self, own: Option<&str>) -> crate::bridge_format::Format {
+        own.unwrap_or(&self.format).parse().unwrap_or_default()
     }
 
     /// The status topic's settings (`None` without `status_topic`).
@@ -338,10 +365,42 @@ impl MqttSection {
                 }
             }
         }
+        use crate::bridge_format::{expand, Format, TemplateVars};
+        // topics with {gateway} are checked with a stand-in id
+        let gw = TemplateVars {
+            device: None,
+            gateway: Some("gw"),
+        };
+        let dev_gw = TemplateVars {
+            device: Some(("d", "k")),
+            gateway: Some("gw"),
+        };
         if !self.status_topic.is_empty() {
-            if let Err(e) = mintgate_mqtt::conn::check_topic(&self.status_topic) {
+            if let Err(e) =
+                expand(&self.status_topic, gw).and_then(|t| mintgate_mqtt::conn::check_topic(&t))
+            {
                 return v("mqtt.status_topic", e);
             }
+        }
+        if let Err(e) = self.format.parse::<Format>() {
+            return v("mqtt.format", e);
+        }
+        if !self.message_expiry.is_empty() {
+            match parse_duration(&self.message_expiry) {
+                Ok(d)
+                    if d >= std::time::Duration::from_secs(1)
+                        && d.as_secs() <= u64::from(u32::MAX) => {}
+                Ok(_) => {
+                    return v(
+                        "mqtt.message_expiry",
+                        format!("{:?} is outside 1s..=2^32-1 s", self.message_expiry),
+                    )
+                }
+                Err(e) => return v("mqtt.message_expiry", e),
+            }
+        }
+        if let Err(e) = expand(&self.topic_prefix, dev_gw) {
+            return v("mqtt.topic_prefix", e);
         }
         if !(1..=2).contains(&self.qos) {
             return v("mqtt.qos", format!("{} is not 1 or 2", self.qos));
@@ -401,8 +460,13 @@ impl MqttSection {
             if device(&p.device).is_none() {
                 return v("mqtt.publish", why("no such device in [devices]".into()));
             }
-            if let Err(e) = mintgate_mqtt::conn::check_topic(&p.topic) {
+            if let Err(e) =
+                expand(&p.topic, dev_gw).and_then(|t| mintgate_mqtt::conn::check_topic(&t))
+            {
                 return v("mqtt.publish", why(e));
+            }
+            if let Some(Err(e)) = p.format.as_deref().map(str::parse::<Format>) {
+                return v("mqtt.publish", why(format!("format: {e}")));
             }
             if let Some(d) = &p.min_interval {
                 if let Err(e) = parse_duration(d) {
@@ -412,7 +476,8 @@ impl MqttSection {
         }
         for (i, c) in self.command.iter().enumerate() {
             let why = |w: String| format!("entry {} (topic {:?}): {w}", i + 1, c.topic);
-            if let Err(e) = mintgate_mqtt::conn::check_topic(&c.topic) {
+            if let Err(e) = expand(&c.topic, gw).and_then(|t| mintgate_mqtt::conn::check_topic(&t))
+            {
                 return v("mqtt.command", why(e));
             }
             match device(&c.device) {
@@ -478,8 +543,12 @@ impl MqttSection {
             if let Err(e) = mintgate_coap::uri::parse(&o.uri) {
                 return v("mqtt.observe", why(e.to_string()));
             }
-            if let Err(e) = mintgate_mqtt::conn::check_topic(&o.topic) {
+            if let Err(e) = expand(&o.topic, gw).and_then(|t| mintgate_mqtt::conn::check_topic(&t))
+            {
                 return v("mqtt.observe", why(e));
+            }
+            if let Some(Err(e)) = o.format.as_deref().map(str::parse::<Format>) {
+                return v("mqtt.observe", why(format!("format: {e}")));
             }
             if let Some(a) = &o.accept {
                 if mintgate_coap::wire::ContentFormat::parse(a).is_none() {

@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod bridge;
+pub mod bridge_format;
 pub mod coap_tcp;
 pub mod config;
 pub mod dashboard;

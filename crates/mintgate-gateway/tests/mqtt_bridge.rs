@@ -381,6 +381,7 @@ fn an_observed_coap_resource_is_published() {
         uri: uri.clone(),
         topic: topic.clone(),
         accept: None,
+        format: None,
     });
     let mut sub = subscribe(&broker.url(), &topic);
     let rig = Rig::start(&c);
@@ -500,6 +501,7 @@ fn a_late_subscriber_gets_the_retained_device_value_from_mosquitto() {
         topic: plain.clone(),
         min_interval: None,
         retain: Some(false),
+        format: None,
     });
     let mut live = subscribe(&broker.url(), &topic);
     let rig = Rig::start(&c);

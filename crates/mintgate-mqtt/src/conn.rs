@@ -541,6 +541,22 @@ pub struct ConnOptions {
     pub will: Option<Will>,
 }
 
+/// The MQTT 5 properties of a publish-queue PUBLISH ([`Conn::publish_with`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PublishMeta<'a> {
+    /// The publisher id (user property [`USER_PROP_PUBLISHER`]).
+    pub publisher: &'a str,
+    /// The message's sequence on its topic (user property [`USER_PROP_SEQ`]).
+    pub seq: u64,
+    /// Message expiry interval, seconds.
+    pub expiry_s: Option<u32>,
+}
+
+/// Name of the MQTT 5 user property carrying the publisher id.
+pub const USER_PROP_PUBLISHER: &str = "pub";
+/// Name of the MQTT 5 user property carrying the sequence number.
+pub const USER_PROP_SEQ: &str = "seq";
+
 /// A last will: what the broker publishes for us when we vanish.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Will {
@@ -591,6 +607,10 @@ pub enum LinkEvent {
         topic: String,
         /// Its payload.
         payload: Vec<u8>,
+        /// MQTT 5: the publisher id and sequence its user properties carry
+        /// ([`USER_PROP_PUBLISHER`], [`USER_PROP_SEQ`]), when both are there
+        /// and well-formed.
+        origin: Option<(String, u64)>,
     },
     /// SUBACK: whether every filter was granted.
     SubAck(bool),
@@ -794,6 +814,36 @@ impl Conn {
         }
     }
 
+    /// Queues a PUBLISH of the publish queue without waiting. Over MQTT 5 it
+    /// carries `meta` as properties: the user properties `pub` (the
+    /// publisher id) and `seq` (its sequence on the topic), so that a
+    /// receiver can order and de-duplicate a bare payload too, and the
+    /// message expiry interval. Over 3.1.1 `meta` is not sent.
+    pub fn publish_with(
+        &self,
+        topic: &str,
+        qos: Qos,
+        retain: bool,
+        payload: Vec<u8>,
+        meta: &PublishMeta<'_>,
+    ) -> Result<(), String> {
+        match &self.client {
+            Client::V4(_) => self.publish_retained(topic, qos, retain, payload),
+            Client::V5(c) => {
+                let props = rumqttc::v5::mqttbytes::v5::PublishProperties {
+                    message_expiry_interval: meta.expiry_s,
+                    user_properties: vec![
+                        (USER_PROP_PUBLISHER.into(), meta.publisher.into()),
+                        (USER_PROP_SEQ.into(), meta.seq.to_string()),
+                    ],
+                    ..Default::default()
+                };
+                c.try_publish_with_properties(topic, qos.v5(), retain, payload, props)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
     /// Queues a SUBSCRIBE without waiting.
     pub fn subscribe(&self, filter: &str, qos: Qos) -> Result<(), String> {
         match &self.client {
@@ -831,6 +881,7 @@ fn v4_event(e: rumqttc::Event) -> LinkEvent {
             Packet::Publish(p) => LinkEvent::Message {
                 topic: p.topic.clone(),
                 payload: p.payload.to_vec(),
+                origin: None,
             },
             Packet::SubAck(s) => LinkEvent::SubAck(
                 s.return_codes
@@ -868,6 +919,10 @@ fn v5_event(e: rumqttc::v5::Event) -> LinkEvent {
             Packet::Publish(p) => LinkEvent::Message {
                 topic: String::from_utf8_lossy(&p.topic).into_owned(),
                 payload: p.payload.to_vec(),
+                origin: p
+                    .properties
+                    .as_ref()
+                    .and_then(|pp| origin(&pp.user_properties)),
             },
             Packet::SubAck(s) => LinkEvent::SubAck(
                 s.return_codes
@@ -877,6 +932,18 @@ fn v5_event(e: rumqttc::v5::Event) -> LinkEvent {
             _ => LinkEvent::Other,
         },
     }
+}
+
+/// The (publisher, seq) of MQTT 5 user properties, when both are there
+/// and well-formed (the publisher 1..=[`crate::payload::MAX_PUBLISHER_LEN`]
+/// bytes, the seq a number from 1). Total: never panics.
+pub fn origin(props: &[(String, String)]) -> Option<(String, u64)> {
+    let get = |k: &str| props.iter().find(|(n, _)| n == k).map(|(_, v)| v);
+    let publisher = get(USER_PROP_PUBLISHER)?;
+    let seq: u64 = get(USER_PROP_SEQ)?.parse().ok()?;
+    let n = publisher.len();
+    (seq >= 1 && (1..=crate::payload::MAX_PUBLISHER_LEN).contains(&n))
+        .then(|| (publisher.clone(), seq))
 }
 
 /// Checks a topic name for publishing: 1..=65535 bytes, no wildcard, no NUL.
@@ -920,6 +987,37 @@ pub fn check_filter(filter: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn origin_needs_both_well_formed_properties() {
+        let p = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            origin(&p(&[("x", "y"), ("seq", "17"), ("pub", "gw-1")])),
+            Some(("gw-1".into(), 17))
+        );
+        for bad in [
+            p(&[("seq", "17")]),
+            p(&[("pub", "gw-1")]),
+            p(&[("pub", "gw-1"), ("seq", "0")]),
+            p(&[("pub", "gw-1"), ("seq", "-1")]),
+            p(&[("pub", ""), ("seq", "1")]),
+            p(&[("pub", &"x".repeat(129)), ("seq", "1")]),
+        ] {
+            assert_eq!(origin(&bad), None, "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn origin_never_panics(props in proptest::collection::vec((".{0,8}", ".{0,24}"), 0..6)) {
+            let _ = origin(&props);
+        }
+    }
 
     #[test]
     fn filters_follow_the_wildcard_rules() {

@@ -154,7 +154,7 @@ impl Listener {
                     "the broker refused the subscription to {:?}",
                     cfg.filters
                 )),
-                Ok(LinkEvent::Message { topic, payload }) => {
+                Ok(LinkEvent::Message { topic, payload, .. }) => {
                     on_message(&topic, &payload);
                     sh.update(|s| s.messages += 1);
                     None

@@ -15,7 +15,12 @@
 //!   messages share a millisecond).
 //! - `ts`: when the message was enqueued, milliseconds since the Unix epoch;
 //!   informational only, never used for ordering.
-//! - `msg`: the application's body, a UTF-8 string.
+//! - `msg`: the application's body. A body that is itself a JSON object or
+//!   array goes in as that object, not as a string of JSON, so a consumer
+//!   (Node-RED, Telegraf, Home Assistant) decodes once:
+//!   `"msg":{"device":"temp0","value":22.5}`; any other body goes in as a
+//!   string. [`decode`] gives either back as the body's text, byte for
+//!   byte (older envelopes, whose `msg` was always a string, decode too).
 //!
 //! [`decode`] is a pure function of its input: it never panics, whatever the
 //! bytes (they come off the network), and it rejects rather than guesses.
@@ -35,9 +40,43 @@ pub struct Envelope {
     pub seq: u64,
     /// Enqueue time, ms since the Unix epoch.
     pub ts: u64,
-    /// The application's body.
-    #[serde(default)]
+    /// The application's body (see the module's docs for how it travels).
+    #[serde(default, with = "body")]
     pub msg: String,
+}
+
+/// `msg` on the wire: a JSON object or array as itself, anything else as a
+/// JSON string; read back as the text it was made from.
+mod body {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::value::RawValue;
+
+    /// Whether `text` goes in as JSON: an object or an array, valid, with
+    /// nothing around it (whitespace around would not come back).
+    pub(super) fn as_json(text: &str) -> Option<Box<RawValue>> {
+        let b = text.as_bytes();
+        if !matches!(b.first(), Some(b'{' | b'[')) || !matches!(b.last(), Some(b'}' | b']')) {
+            return None;
+        }
+        RawValue::from_string(text.to_owned()).ok()
+    }
+
+    pub fn serialize<S: Serializer>(text: &str, s: S) -> Result<S::Ok, S::Error> {
+        match as_json(text) {
+            Some(raw) => raw.serialize(s),
+            None => text.serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        let raw = Box::<RawValue>::deserialize(d)?;
+        let text = raw.get();
+        if text.starts_with('"') {
+            serde_json::from_str(text).map_err(serde::de::Error::custom)
+        } else {
+            Ok(text.to_owned())
+        }
+    }
 }
 
 /// Why a payload is not an [`Envelope`].
@@ -55,6 +94,13 @@ pub enum DecodeError {
 }
 
 impl Envelope {
+    /// `msg` as it travels: the JSON object or array it holds, or a string.
+    pub fn msg_value(&self) -> serde_json::Value {
+        body::as_json(&self.msg)
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+            .unwrap_or_else(|| serde_json::Value::String(self.msg.clone()))
+    }
+
     /// The JSON bytes of this envelope.
     pub fn encode(&self) -> Vec<u8> {
         // Serialising a struct of strings and integers cannot fail.
@@ -106,6 +152,51 @@ mod tests {
     }
 
     #[test]
+    fn a_json_body_travels_as_an_object_and_comes_back_as_it_was() {
+        let body = r#"{"device":"temp0","value":22.513,"unit":"Cel","ts":1}"#;
+        let e = Envelope {
+            publisher: "gw-1".into(),
+            seq: 2,
+            ts: 3,
+            msg: body.into(),
+        };
+        let bytes = e.encode();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["msg"]["device"], "temp0", "{v}");
+        assert_eq!(decode(&bytes).unwrap().msg, body);
+        // not an object: a string, as before
+        for text in [
+            "22.5",
+            "{not json",
+            "[1,",
+            "\"q\"",
+            "",
+            "{}\n",
+            "[] ",
+            " {}",
+        ] {
+            let e = Envelope {
+                msg: text.into(),
+                ..e.clone()
+            };
+            let bytes = e.encode();
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(v["msg"], text, "{v}");
+            assert_eq!(decode(&bytes).unwrap().msg, text);
+        }
+        // an envelope of an older version (msg a string of JSON) decodes
+        let old = br#"{"pub":"a","seq":1,"ts":0,"msg":"{\"value\":1}"}"#;
+        assert_eq!(decode(old).unwrap().msg, r#"{"value":1}"#);
+        // a number or null as msg is taken as its text
+        assert_eq!(
+            decode(br#"{"pub":"a","seq":1,"ts":0,"msg":7}"#)
+                .unwrap()
+                .msg,
+            "7"
+        );
+    }
+
+    #[test]
     fn rejects_bad_payloads() {
         assert!(matches!(decode(b""), Err(DecodeError::Json(_))));
         assert!(matches!(decode(b"hello"), Err(DecodeError::Json(_))));
@@ -134,6 +225,14 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn any_body_comes_back_as_it_was(msg in ".{0,64}", obj in proptest::collection::btree_map("[a-z]{1,4}", any::<i32>(), 0..4)) {
+            for msg in [msg, serde_json::to_string(&obj).unwrap()] {
+                let e = Envelope { publisher: "p".into(), seq: 1, ts: 0, msg };
+                prop_assert_eq!(decode(&e.encode()).unwrap(), e);
+            }
+        }
+
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode(&bytes);

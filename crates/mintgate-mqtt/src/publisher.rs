@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::conn::{check_topic, BrokerUrl, Conn, ConnOptions, LinkEvent, Qos};
 use crate::payload::now_ms;
+pub use crate::queue::Flags;
 use crate::queue::{Limits, PubQueue, QueueStats, QueuedMessage, WhenFull};
 use crate::store::{MemStore, RedbStore, Store};
 
@@ -60,6 +61,25 @@ pub struct PublisherConfig {
     /// Most payloads held in memory with a persistent store (the others are
     /// read back from it in chunks when their turn comes).
     pub resident: usize,
+    /// MQTT 5: the message expiry interval of each PUBLISH, counted from
+    /// when the message was enqueued (a message sent after an outage gets
+    /// what is left of it, at least 1 s); `None`: none. 3.1.1 has no such
+    /// property and ignores it.
+    pub message_expiry: Option<Duration>,
+}
+
+/// What `{gateway}` in a status topic (and in the gateway's topic
+/// templates) stands for: the publisher id.
+pub const GATEWAY_PLACEHOLDER: &str = "{gateway}";
+
+/// What is left, in whole seconds (at least 1), of a message expiry
+/// interval `expiry` for a message enqueued at `ts_ms` when it is `now_ms`.
+fn expiry_left(expiry: Duration, ts_ms: u64, now_ms: u64) -> u32 {
+    let age = Duration::from_millis(now_ms.saturating_sub(ts_ms));
+    expiry
+        .saturating_sub(age)
+        .as_secs()
+        .clamp(1, u64::from(u32::MAX)) as u32
 }
 
 /// The bounds of [`PublisherConfig::new`]: 100,000 messages, 64 MiB,
@@ -102,6 +122,7 @@ impl PublisherConfig {
             client_id: None,
             ack_flush: Duration::from_millis(100),
             status_topic: None,
+            message_expiry: None,
             limits: DEFAULT_LIMITS,
             resident: DEFAULT_RESIDENT,
         }
@@ -192,7 +213,7 @@ struct Shared {
 enum Cmd {
     Enqueue {
         topic: String,
-        retain: bool,
+        flags: Flags,
         bodies: Vec<String>,
         reply: oneshot::Sender<Result<RangeInclusive<u64>, PublishError>>,
     },
@@ -217,7 +238,10 @@ pub struct Publisher {
 
 impl Publisher {
     /// Opens the store (resuming what it holds) and starts the driver.
-    pub fn start(cfg: PublisherConfig) -> Result<Publisher, PublishError> {
+    ///
+    /// `{gateway}` in the status topic stands for the publisher id (so that
+    /// a fleet of gateways can share one configuration).
+    pub fn start(mut cfg: PublisherConfig) -> Result<Publisher, PublishError> {
         if !matches!(cfg.qos, Qos::AtLeastOnce | Qos::ExactlyOnce) {
             return Err(PublishError::Invalid(
                 "the publish queue needs QoS 1 or 2 (an acknowledgement per message)".into(),
@@ -251,6 +275,11 @@ impl Publisher {
             )),
         };
         let rec = store.recovered().clone();
+        if let Some(st) = &mut cfg.status_topic {
+            st.topic = st.topic.replace(GATEWAY_PLACEHOLDER, &rec.publisher);
+            check_topic(&st.topic)
+                .map_err(|e| PublishError::Invalid(format!("status topic: {e}")))?;
+        }
         let queue = new_queue(&cfg, store.as_ref(), rec.clone());
         let shared = Arc::new(Shared {
             status: Mutex::new(Status {
@@ -344,15 +373,16 @@ impl Publisher {
         topic: &str,
         bodies: Vec<String>,
     ) -> Result<RangeInclusive<u64>, PublishError> {
-        self.enqueue_many_retained(topic, false, bodies)
+        self.enqueue_many_with(topic, Flags::default(), bodies)
     }
 
-    /// [`Publisher::enqueue_many`] with the retain flag `retain` on each
-    /// PUBLISH (the broker keeps the topic's latest for late subscribers).
-    pub fn enqueue_many_retained(
+    /// [`Publisher::enqueue_many`] published as `flags` say: with the retain
+    /// flag (the broker keeps the topic's latest for late subscribers),
+    /// bare (the body without the envelope).
+    pub fn enqueue_many_with(
         &self,
         topic: &str,
-        retain: bool,
+        flags: Flags,
         bodies: Vec<String>,
     ) -> Result<RangeInclusive<u64>, PublishError> {
         check_topic(topic).map_err(PublishError::Invalid)?;
@@ -363,7 +393,7 @@ impl Publisher {
         self.tx
             .send(Cmd::Enqueue {
                 topic: topic.to_owned(),
-                retain,
+                flags,
                 bodies,
                 reply,
             })
@@ -575,14 +605,14 @@ impl Driver {
             let close_at = closing.as_ref().map(|(d, _)| *d);
             tokio::select! {
                 cmd = rx.recv(), if closing.is_none() => match cmd {
-                    Some(Cmd::Enqueue { topic, retain, bodies, reply }) => {
+                    Some(Cmd::Enqueue { topic, flags, bodies, reply }) => {
                         // Take every enqueue that is waiting too: one
                         // durable write for all of them (group commit).
-                        let mut next = Some(Cmd::Enqueue { topic, retain, bodies, reply });
+                        let mut next = Some(Cmd::Enqueue { topic, flags, bodies, reply });
                         while let Some(cmd) = next.take() {
                             match cmd {
-                                Cmd::Enqueue { topic, retain, bodies, reply } => {
-                                    self.stage(&topic, retain, &bodies, reply);
+                                Cmd::Enqueue { topic, flags, bodies, reply } => {
+                                    self.stage(&topic, flags, &bodies, reply);
                                     next = rx.try_recv().ok();
                                 }
                                 other => {
@@ -742,10 +772,10 @@ impl Driver {
         match cmd {
             Cmd::Enqueue {
                 topic,
-                retain,
+                flags,
                 bodies,
                 reply,
-            } => self.stage(&topic, retain, &bodies, reply),
+            } => self.stage(&topic, flags, &bodies, reply),
             Cmd::NextSeq { topic, reply } => {
                 let _ = reply.send(self.queue.next_seq(&topic));
             }
@@ -759,7 +789,7 @@ impl Driver {
     /// the queue's bounds let in); the caller is answered when it is done.
     /// While the store cannot write, everything is refused at once, and the
     /// store is tried again at most every [`STORE_RETRY`].
-    fn stage(&mut self, topic: &str, retain: bool, bodies: &[String], reply: EnqueueReply) {
+    fn stage(&mut self, topic: &str, flags: Flags, bodies: &[String], reply: EnqueueReply) {
         let n = bodies.len() as u64;
         if !self.store_ready() {
             self.refuse_disk(n);
@@ -776,7 +806,7 @@ impl Driver {
         for b in bodies {
             // Refused ones take no number: the rest are refused too (with
             // refuse-new, nothing frees room meanwhile).
-            if let Some(m) = self.queue.offer_retained(topic, b, ts, retain) {
+            if let Some(m) = self.queue.offer_with(topic, b, ts, flags) {
                 self.staged.push(m);
                 accepted += 1;
             }
@@ -996,7 +1026,15 @@ impl Driver {
         }
         loop {
             while let Some(m) = self.queue.poll_transmit() {
-                c.publish_retained(&m.topic, self.cfg.qos, m.retain, m.payload)?;
+                let meta = crate::conn::PublishMeta {
+                    publisher: self.queue.publisher(),
+                    seq: m.seq,
+                    expiry_s: self
+                        .cfg
+                        .message_expiry
+                        .map(|e| expiry_left(e, m.ts, now_ms())),
+                };
+                c.publish_with(&m.topic, self.cfg.qos, m.retain, m.payload, &meta)?;
                 self.handed.push_back(m.id);
             }
             match self.queue.wants_load() {

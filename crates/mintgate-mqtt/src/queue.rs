@@ -57,11 +57,27 @@ pub struct QueuedMessage {
     pub seq: u64,
     /// Topic it is published to.
     pub topic: String,
-    /// The PUBLISH payload: the JSON [`Envelope`] carrying `seq`.
+    /// The PUBLISH payload: the JSON [`Envelope`] carrying `seq`, or the
+    /// body as it is when [`QueuedMessage::bare`].
     pub payload: Vec<u8>,
     /// Published with the retain flag (the broker keeps the topic's latest
     /// for late subscribers).
     pub retain: bool,
+    /// The payload is the body itself, without the envelope: `seq` and the
+    /// publisher travel only as MQTT 5 user properties (a 3.1.1 receiver
+    /// cannot order or de-duplicate it).
+    pub bare: bool,
+    /// When it was enqueued, ms since the Unix epoch (the envelope's `ts`).
+    pub ts: u64,
+}
+
+/// How one message is published: [`PubQueue::offer_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// With the retain flag.
+    pub retain: bool,
+    /// The body as it is, without the envelope ([`QueuedMessage::bare`]).
+    pub bare: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -488,20 +504,23 @@ impl PubQueue {
     /// message is refused (it takes no number). Messages dropped to make
     /// room are counted and their ids kept for [`PubQueue::take_dropped`].
     pub fn offer(&mut self, topic: &str, body: &str, ts_ms: u64) -> Option<QueuedMessage> {
-        self.offer_retained(topic, body, ts_ms, false)
+        self.offer_with(topic, body, ts_ms, Flags::default())
     }
 
-    /// [`PubQueue::offer`] of a message published with the retain flag
-    /// `retain`.
-    pub fn offer_retained(
+    /// [`PubQueue::offer`] of a message published as `flags` say.
+    pub fn offer_with(
         &mut self,
         topic: &str,
         body: &str,
         ts_ms: u64,
-        retain: bool,
+        flags: Flags,
     ) -> Option<QueuedMessage> {
         let mut m = self.numbered(topic, body, ts_ms);
-        m.retain = retain;
+        m.retain = flags.retain;
+        if flags.bare {
+            m.bare = true;
+            m.payload = body.as_bytes().to_vec();
+        }
         let c = cost(&m.topic, &m.payload);
         let fits = |q: &PubQueue| {
             (q.len() as u64) < q.limits.max_messages
@@ -536,6 +555,8 @@ impl PubQueue {
             topic: topic.to_owned(),
             payload: env.encode(),
             retain: false,
+            bare: false,
+            ts: ts_ms,
         }
     }
 
@@ -789,6 +810,8 @@ mod tests {
                 topic: "t".into(),
                 payload: vec![],
                 retain: false,
+                bare: false,
+                ts: 0,
             }],
         );
         assert_eq!((c.next_id(), c.next_seq("t"), c.next_seq("u")), (10, 5, 1));

@@ -224,14 +224,21 @@ impl std::fmt::Debug for RedbStore {
     }
 }
 
-/// Stored value: topic length (u16, big-endian), topic, payload. A
-/// retained message is preceded by 0, 0, [`RETAIN`] (no topic is empty, so
-/// records written before the flag existed read as they were).
+/// Stored value: topic length (u16, big-endian), topic, payload, preceded
+/// by 0, 0, FLAGS when the message is retained ([`RETAIN`]) or bare
+/// ([`BARE`]: FLAGS is then followed by its seq and ts, u64 big-endian
+/// each, which a bare payload does not carry). No topic is empty, so
+/// records written before the flags existed read as they were.
 fn encode_record(m: &QueuedMessage) -> Vec<u8> {
     let t = m.topic.as_bytes();
-    let mut v = Vec::with_capacity(5 + t.len() + m.payload.len());
-    if m.retain {
-        v.extend_from_slice(&[0, 0, RETAIN]);
+    let mut v = Vec::with_capacity(21 + t.len() + m.payload.len());
+    if m.retain || m.bare {
+        let f = if m.retain { RETAIN } else { 0 } | if m.bare { BARE } else { 0 };
+        v.extend_from_slice(&[0, 0, f]);
+        if m.bare {
+            v.extend_from_slice(&m.seq.to_be_bytes());
+            v.extend_from_slice(&m.ts.to_be_bytes());
+        }
     }
     v.extend_from_slice(&(t.len() as u16).to_be_bytes());
     v.extend_from_slice(t);
@@ -239,35 +246,71 @@ fn encode_record(m: &QueuedMessage) -> Vec<u8> {
     v
 }
 
-/// The message with key `id`; its seq is the one its envelope carries (the
-/// id itself for a payload that is not an envelope, which this crate never
-/// writes).
+/// The message with key `id`; its seq and ts are the ones its envelope
+/// carries, or the record's for a bare one (the id itself and 0 for a
+/// payload that is neither, which this crate never writes).
 fn decode_record(id: u64, v: &[u8]) -> Option<QueuedMessage> {
-    let (retain, v) = flags(v)?;
+    let (h, v) = flags(v)?;
     let n = u16::from_be_bytes([*v.first()?, *v.get(1)?]) as usize;
     let topic = std::str::from_utf8(v.get(2..2 + n)?).ok()?.to_owned();
     let payload = v.get(2 + n..)?.to_vec();
-    let seq = crate::payload::decode(&payload).map_or(id, |e| e.seq);
+    let (seq, ts) = match h.bare {
+        Some(st) => st,
+        None => crate::payload::decode(&payload).map_or((id, 0), |e| (e.seq, e.ts)),
+    };
     Some(QueuedMessage {
         id,
         seq,
         topic,
         payload,
-        retain,
+        retain: h.retain,
+        bare: h.bare.is_some(),
+        ts,
     })
 }
 
-/// The flag of a record: retained or not, and the record after it.
-fn flags(v: &[u8]) -> Option<(bool, &[u8])> {
+/// What a record's header says.
+struct Header {
+    retain: bool,
+    /// (seq, ts) of a bare message.
+    bare: Option<(u64, u64)>,
+}
+
+/// The header of a record, and the record after it.
+fn flags(v: &[u8]) -> Option<(Header, &[u8])> {
+    let u64_at = |b: &[u8], at: usize| -> Option<u64> {
+        Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    };
     match v {
-        [0, 0, f, rest @ ..] if *f == RETAIN => Some((true, rest)),
+        [0, 0, f, rest @ ..] if *f & !(RETAIN | BARE) == 0 && *f != 0 => {
+            let retain = *f & RETAIN != 0;
+            if *f & BARE == 0 {
+                return Some((Header { retain, bare: None }, rest));
+            }
+            let st = (u64_at(rest, 0)?, u64_at(rest, 8)?);
+            Some((
+                Header {
+                    retain,
+                    bare: Some(st),
+                },
+                rest.get(16..)?,
+            ))
+        }
         [0, 0, ..] => None,
-        _ => Some((false, v)),
+        _ => Some((
+            Header {
+                retain: false,
+                bare: None,
+            },
+            v,
+        )),
     }
 }
 
 /// The record flag of a retained message.
 const RETAIN: u8 = 1;
+/// The record flag of a bare message (its seq and ts follow).
+const BARE: u8 = 2;
 
 /// Whether `v` is a well-formed record (its header and topic), without
 /// copying its payload.
@@ -451,12 +494,9 @@ fn open_db(
                         full: false,
                     });
                 }
-                let head = if flags(v).is_some_and(|(r, _)| r) {
-                    5
-                } else {
-                    2
-                };
-                index.push((id, v.len() as u64 - head));
+                // the size the queue counts: topic and payload
+                let head = flags(v).map_or(0, |(_, rest)| v.len() - rest.len()) + 2;
+                index.push((id, v.len().saturating_sub(head) as u64));
             }
             Recovered {
                 publisher,
@@ -790,6 +830,8 @@ mod tests {
                         topic: topic.into(),
                         payload: env.encode(),
                         retain: false,
+                        bare: false,
+                        ts: 1,
                     };
                     t.insert(seq, encode_record(&m).as_slice()).unwrap();
                 }
@@ -889,6 +931,8 @@ mod tests {
             topic: "t/x".into(),
             payload: b"{}".to_vec(),
             retain: false,
+            bare: false,
+            ts: 0,
         };
         let r = encode_record(&m);
         assert_eq!(decode_record(1, &r), Some(m.clone()));
@@ -908,5 +952,24 @@ mod tests {
             None,
             "unknown flag"
         );
+        // bare: seq and ts kept in the record, the payload as it is
+        for retain in [false, true] {
+            let b = QueuedMessage {
+                id: 4,
+                seq: 7,
+                topic: "t/x".into(),
+                payload: b"22.5".to_vec(),
+                retain,
+                bare: true,
+                ts: 1_732_550_400_123,
+            };
+            let r = encode_record(&b);
+            assert!(record_ok(&r));
+            assert_eq!(decode_record(4, &r), Some(b.clone()));
+            for cut in 0..(3 + 16 + 2 + 3) {
+                assert_eq!(decode_record(4, &r[..cut]), None, "cut {cut}");
+                assert!(!record_ok(&r[..cut]), "cut {cut}");
+            }
+        }
     }
 }

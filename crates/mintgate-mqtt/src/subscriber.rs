@@ -269,7 +269,11 @@ impl SubState<'_> {
                 tracing::error!("{e}");
                 self.lose(conn, e, Duration::from_secs(2));
             }
-            Ok(LinkEvent::Message { topic, payload }) => match decode(&payload) {
+            Ok(LinkEvent::Message {
+                topic,
+                payload,
+                origin,
+            }) => match decode(&payload).or_else(|e| bare(&payload, origin).ok_or(e)) {
                 Ok(env) => {
                     let now = Instant::now();
                     if self.cfg.report_arrivals {
@@ -301,4 +305,16 @@ impl SubState<'_> {
             self.out.push(SubEvent::ConnectFailed(e));
         }
     }
+}
+
+/// A bare payload (not an envelope) as an envelope, from the publisher and
+/// seq its MQTT 5 user properties carry; `ts` is unknown (0).
+fn bare(payload: &[u8], origin: Option<(String, u64)>) -> Option<Envelope> {
+    let (publisher, seq) = origin?;
+    Some(Envelope {
+        publisher,
+        seq,
+        ts: 0,
+        msg: String::from_utf8_lossy(payload).into_owned(),
+    })
 }
