@@ -120,6 +120,20 @@ enum Lab {
         /// (ms), `0.5ms`, `250us`. Default: bare loopback.
         #[arg(long, default_value = "0", value_parser = crate::netem::parse_ms)]
         link_delay: std::time::Duration,
+        /// Instead of Fig. 5: the bounded queue through a broker outage of
+        /// this length (`10m`: the target case). Publishes --outage-rate
+        /// messages/s to a private mosquitto for 5 s, stops it for the
+        /// outage, starts it again, publishes 5 s more; checks arrived +
+        /// dropped = enqueued, order, the newest --outage-max all arrived,
+        /// and VmRSS flat while the queue is full. Writes `outage.csv`.
+        #[arg(long, value_parser = parse_duration)]
+        outage: Option<Duration>,
+        /// Messages per second of the outage case.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10000))]
+        outage_rate: u64,
+        /// `mqtt.queue.max_messages` (drop-oldest) of the outage case.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(17..=10000000))]
+        outage_max: u64,
     },
     /// Paper 003 Tables 3-5: bytes allocated, bytes copied and ns per
     /// message for n = 128..1024 on the echo, coap, coap-static and http
@@ -483,11 +497,30 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         Lab::Mqtt {
             quick,
             out,
+            outage: Some(outage),
+            outage_rate,
+            outage_max,
+            ..
+        } => mintgate_lab::lab_mqtt_outage(&mintgate_lab::OutageOptions {
+            common: LabOptions {
+                out,
+                quick,
+                ..LabOptions::default()
+            },
+            rate: outage_rate,
+            outage,
+            max_messages: outage_max,
+            ..mintgate_lab::OutageOptions::default()
+        })?,
+        Lab::Mqtt {
+            quick,
+            out,
             broker,
             runs,
             window,
             paho,
             link_delay,
+            ..
         } => mintgate_lab::lab_mqtt(&mintgate_lab::MqttLabOptions {
             common: LabOptions {
                 out,
