@@ -167,7 +167,7 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
                 unacked: st.unacked,
                 dropped: st.queue.dropped_full,
             });
-            if samples.len() % 60 == 0 {
+            if samples.len().is_multiple_of(60) {
                 (o.progress)(&format!(
                     "{:>7.1} s: {} unacked, {} dropped, VmRSS {:.1} MiB",
                     el.as_secs_f64(),
