@@ -52,6 +52,12 @@ if ! target/py-venv/bin/python -c 'import aiocoap.oscore, cbor2, filelock' 2>/de
   step "installing aiocoap[oscore] into target/py-venv"
   target/py-venv/bin/pip install -q 'aiocoap[oscore]>=0.4.7,<0.5'
 fi
+# amqtt: an MQTT broker no one here wrote with WebSocket listeners (ws://,
+# wss://; Debian's mosquitto cannot open one here)
+if [ ! -x target/py-venv/bin/amqtt ]; then
+  step "installing amqtt into target/py-venv"
+  target/py-venv/bin/pip install -q 'amqtt==0.12.1'
+fi
 
 # The MQTT lab's peer: Eclipse Paho (Java), the paper's client, built with
 # Maven from Maven Central (the lab test requires it under

@@ -103,7 +103,9 @@ Example: mintgate broker &  mintgate subscribe --topic t --count 100 &  \
 mintgate publish --topic t --count 100 --state /tmp/q")]
 pub struct PublishArgs {
     /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1), mqtt5://HOST[:PORT] (MQTT 5),
-    /// mqtts://HOST[:PORT] or mqtts5://HOST[:PORT] (the same over TLS, port 8883).
+    /// mqtts://HOST[:PORT] or mqtts5://HOST[:PORT] (the same over TLS, port 8883),
+    /// ws://HOST[:PORT][/PATH] or wss://... (WebSockets, plain or TLS; ws5://,
+    /// wss5:// for MQTT 5).
     #[arg(long, default_value = DEFAULT_BROKER)]
     broker: BrokerUrl,
     #[command(flatten)]
@@ -151,7 +153,9 @@ wherever it is when the subscriber joins (see --first-seq)."
 )]
 pub struct SubscribeArgs {
     /// Broker URL: mqtt://HOST[:PORT] (MQTT 3.1.1), mqtt5://HOST[:PORT] (MQTT 5),
-    /// mqtts://HOST[:PORT] or mqtts5://HOST[:PORT] (the same over TLS, port 8883).
+    /// mqtts://HOST[:PORT] or mqtts5://HOST[:PORT] (the same over TLS, port 8883),
+    /// ws://HOST[:PORT][/PATH] or wss://... (WebSockets, plain or TLS; ws5://,
+    /// wss5:// for MQTT 5).
     #[arg(long, default_value = DEFAULT_BROKER)]
     broker: BrokerUrl,
     #[command(flatten)]

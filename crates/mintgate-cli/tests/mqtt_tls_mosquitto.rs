@@ -16,8 +16,12 @@
 //!   the `offline` will seen by another client when the gateway is killed,
 //!   `offline` published by an orderly stop.
 //!
-//! Without mosquitto the tests are skipped with a message, unless
-//! `MINTGATE_REQUIRE_PEERS` is set, in which case they fail.
+//! - MQTT over WebSockets, plain (`ws://`) and over TLS (`wss://`), against
+//!   amqtt (PyPI, a broker no one here wrote, in target/py-venv): Debian's
+//!   mosquitto 2.0.11 cannot open a websockets listener here.
+//!
+//! Without mosquitto (or amqtt) the tests are skipped with a message,
+//! unless `MINTGATE_REQUIRE_PEERS` is set, in which case they fail.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -683,4 +687,112 @@ status_offline = "gone"
     let (code, _, _) = finish(gw, Duration::from_secs(15));
     assert_eq!(code, 0);
     assert_eq!(tap.next(Duration::from_secs(10)).as_deref(), Some("gone"));
+}
+
+/// amqtt from target/py-venv (scripts/test.sh installs it).
+fn amqtt_bin() -> Option<PathBuf> {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/py-venv/bin/amqtt");
+    if bin.is_file() {
+        return Some(bin);
+    }
+    if std::env::var_os("MINTGATE_REQUIRE_PEERS").is_some() {
+        panic!("amqtt is required (MINTGATE_REQUIRE_PEERS is set) but not in target/py-venv");
+    }
+    eprintln!("skipping: amqtt is not in target/py-venv (scripts/test.sh installs it)");
+    None
+}
+
+/// The publish queue over `wss://` (window 16) and a subscriber over
+/// `ws://`, both through amqtt's WebSocket listeners: 1..=N in order, and a
+/// wrong CA over wss said as such.
+#[test]
+fn websockets_plain_and_tls_against_amqtt() {
+    let Some(bin) = amqtt_bin() else { return };
+    let dir = tmp("mqtt-ws");
+    let pki = make_pki(&dir);
+    let port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (ws, wss) = (port(), port());
+    let conf = dir.join("amqtt.yaml");
+    std::fs::write(
+        &conf,
+        format!(
+            "listeners:\n  default:\n    type: ws\n    bind: 127.0.0.1:{ws}\n  \
+             secure:\n    type: ws\n    bind: 127.0.0.1:{wss}\n    ssl: on\n    \
+             certfile: {}\n    keyfile: {}\n\
+             sys_interval: 0\nauth:\n  allow-anonymous: true\ntopic-check:\n  enabled: false\n",
+            pki.server_cert.display(),
+            pki.server_key.display()
+        ),
+    )
+    .unwrap();
+    let _broker = Proc(
+        Command::new(&bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("amqtt.log")).unwrap())
+            .spawn()
+            .expect("running amqtt"),
+    );
+    let listening = |p: u16| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
+    let end = Instant::now() + Duration::from_secs(20);
+    while !(listening(ws) && listening(wss)) {
+        assert!(
+            Instant::now() < end,
+            "amqtt did not listen: {}",
+            std::fs::read_to_string(dir.join("amqtt.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let plain: BrokerUrl = format!("ws://127.0.0.1:{ws}/mqtt").parse().unwrap();
+    assert_eq!(plain.to_string(), format!("ws://127.0.0.1:{ws}/mqtt"));
+    let secure: BrokerUrl = format!("wss://localhost:{wss}/mqtt").parse().unwrap();
+    let secure = secure.with_security(Security {
+        ca_file: Some(pki.ca.clone()),
+        ..Security::default()
+    });
+
+    let mut sc = SubscriberConfig::new(plain, "t/ws");
+    sc.reorder.first_seq = Some(1);
+    let mut sub = Subscriber::start(sc).unwrap();
+    assert!(
+        sub.wait_subscribed(Duration::from_secs(10)),
+        "no SUBACK over ws://"
+    );
+    let mut pc = PublisherConfig::new(secure.clone());
+    pc.window = 16;
+    let p = Publisher::start(pc).unwrap();
+    let n = 200u64;
+    p.enqueue_many("t/ws", (1..=n).map(|i| format!("{i:04}")).collect())
+        .unwrap();
+    assert!(p.wait_idle(Duration::from_secs(30)), "{:?}", p.status());
+    let mut got = Vec::new();
+    let end = Instant::now() + Duration::from_secs(20);
+    while (got.len() as u64) < n && Instant::now() < end {
+        if let Some(SubEvent::Delivery(d)) = sub.recv_timeout(Duration::from_millis(500)) {
+            assert_eq!(d.skipped_before, 0);
+            got.push(d.env.seq);
+        }
+    }
+    assert_eq!(got, (1..=n).collect::<Vec<_>>());
+
+    // wss with a CA that did not sign the broker's certificate
+    let wrong = secure.with_security(Security {
+        ca_file: Some(pki.other_ca.clone()),
+        ..Security::default()
+    });
+    let p = Publisher::start(PublisherConfig::new(wrong)).unwrap();
+    p.enqueue("t/ws", "kept").unwrap();
+    let st = first_failure(&p);
+    let e = st.last_error.clone().unwrap_or_default();
+    assert!(e.contains("certificate"), "{e}");
+    assert_eq!((st.connected, st.unacked), (false, 1));
+    let _ = std::fs::remove_dir_all(&dir);
 }

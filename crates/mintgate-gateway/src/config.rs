@@ -1815,7 +1815,7 @@ accept = "json"
     fn mqtt_errors_name_the_key() {
         for (toml, key, why) in [
             ("[mqtt]\nbroker = \"http://x\"", "mqtt.broker", "bad broker URL"),
-            ("[mqtt]\nbroker = \"ws://x\"", "mqtt.broker", "websockets"),
+            ("[mqtt]\nbroker = \"wss://x/a#b\"", "mqtt.broker", "path"),
             ("[mqtt]\nca_file = \"ca.pem\"", "mqtt.broker", "embedded broker takes no TLS"),
             (
                 "[mqtt]\nbroker = \"mqtt://h\"\nca_file = \"/nonexistent/ca.pem\"",

@@ -46,11 +46,17 @@ pub struct BrokerUrl {
     pub port: u16,
     /// Protocol version.
     pub version: Version,
-    /// TLS (`mqtts://`, `mqtts5://`).
+    /// TLS (`mqtts://`, `mqtts5://`, `wss://`, `wss5://`).
     pub tls: bool,
+    /// MQTT over WebSockets (`ws://`, `wss://`; `ws5://`, `wss5://` for
+    /// MQTT 5): the HTTP path of the upgrade request (`/mqtt`, `/`).
+    pub ws_path: Option<String>,
     /// Credentials and trust; not part of the URL's text.
     pub security: Security,
 }
+
+/// Longest WebSocket path a broker URL may carry, bytes.
+pub const MAX_WS_PATH: usize = 1024;
 
 impl BrokerUrl {
     /// `mqtt://host:port` for a 3.1.1 broker at `addr`.
@@ -60,6 +66,7 @@ impl BrokerUrl {
             port: addr.port(),
             version: Version::V311,
             tls: false,
+            ws_path: None,
             security: Security::default(),
         }
     }
@@ -83,7 +90,7 @@ impl BrokerUrl {
         let s = &self.security;
         if !self.tls && s.tls_requested() {
             return Err(format!(
-                "{self}: a CA file or client certificate needs TLS (mqtts:// or mqtts5://)"
+                "{self}: a CA file or client certificate needs TLS (mqtts://, mqtts5://, wss://)"
             ));
         }
         if s.password.is_some() && s.username.is_none() {
@@ -363,17 +370,23 @@ fn describe_rustls_error(r: &rustls::Error) -> String {
 
 impl fmt::Display for BrokerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = match (self.version, self.tls) {
-            (Version::V311, false) => "mqtt",
-            (Version::V5, false) => "mqtt5",
-            (Version::V311, true) => "mqtts",
-            (Version::V5, true) => "mqtts5",
+        let ws = self.ws_path.is_some();
+        let scheme = match (self.version, self.tls, ws) {
+            (Version::V311, false, false) => "mqtt",
+            (Version::V5, false, false) => "mqtt5",
+            (Version::V311, true, false) => "mqtts",
+            (Version::V5, true, false) => "mqtts5",
+            (Version::V311, false, true) => "ws",
+            (Version::V5, false, true) => "ws5",
+            (Version::V311, true, true) => "wss",
+            (Version::V5, true, true) => "wss5",
         };
         if self.host.contains(':') {
-            write!(f, "{scheme}://[{}]:{}", self.host, self.port)
+            write!(f, "{scheme}://[{}]:{}", self.host, self.port)?;
         } else {
-            write!(f, "{scheme}://{}:{}", self.host, self.port)
+            write!(f, "{scheme}://{}:{}", self.host, self.port)?;
         }
+        f.write_str(self.ws_path.as_deref().unwrap_or(""))
     }
 }
 
@@ -383,19 +396,41 @@ impl FromStr for BrokerUrl {
         let bad = || {
             format!(
                 "bad broker URL {s:?}: expected mqtt://HOST[:PORT], mqtt5://HOST[:PORT], \
-                 mqtts://HOST[:PORT] or mqtts5://HOST[:PORT]"
+                 mqtts://HOST[:PORT], mqtts5://HOST[:PORT], ws://HOST[:PORT][/PATH] or \
+                 wss://HOST[:PORT][/PATH] (ws5://, wss5:// for MQTT 5 over WebSockets)"
             )
         };
         let (scheme, rest) = s.split_once("://").ok_or_else(bad)?;
-        let (version, tls) = match scheme.to_ascii_lowercase().as_str() {
-            "mqtt" | "tcp" => (Version::V311, false),
-            "mqtt5" => (Version::V5, false),
-            "mqtts" | "ssl" => (Version::V311, true),
-            "mqtts5" => (Version::V5, true),
-            "ws" | "wss" => return Err(format!("broker URL {s:?}: websockets are not supported")),
+        let (version, tls, ws) = match scheme.to_ascii_lowercase().as_str() {
+            "mqtt" | "tcp" => (Version::V311, false, false),
+            "mqtt5" => (Version::V5, false, false),
+            "mqtts" | "ssl" => (Version::V311, true, false),
+            "mqtts5" => (Version::V5, true, false),
+            "ws" => (Version::V311, false, true),
+            "ws5" => (Version::V5, false, true),
+            "wss" => (Version::V311, true, true),
+            "wss5" => (Version::V5, true, true),
             _ => return Err(bad()),
         };
-        let rest = rest.trim_end_matches('/');
+        // a WebSocket URL may carry a path: the upgrade request's
+        let (rest, ws_path) = match rest.find('/') {
+            Some(i) if ws => {
+                let path = &rest[i..];
+                if path.len() > MAX_WS_PATH
+                    || !path
+                        .bytes()
+                        .all(|b| b.is_ascii_graphic() && !matches!(b, b'#' | b'\\'))
+                {
+                    return Err(format!(
+                        "bad broker URL {s:?}: the path must be at most {MAX_WS_PATH} printable \
+                         ASCII characters, without '#'"
+                    ));
+                }
+                (&rest[..i], Some(path.to_owned()))
+            }
+            _ if ws => (rest, Some("/".to_owned())),
+            _ => (rest.trim_end_matches('/'), None),
+        };
         if rest.is_empty() || rest.contains('/') || rest.contains('@') || rest.contains('?') {
             return Err(bad());
         }
@@ -429,6 +464,8 @@ impl FromStr for BrokerUrl {
             (h.to_owned(), port)
         };
         let port = match port {
+            None if ws && tls => 443,
+            None if ws => 80,
             None if tls => 8883,
             None => 1883,
             Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(bad)?,
@@ -438,6 +475,7 @@ impl FromStr for BrokerUrl {
             port,
             version,
             tls,
+            ws_path,
             security: Security::default(),
         })
     }
@@ -637,15 +675,36 @@ impl Drop for Conn {
     }
 }
 
-/// The TLS transport for `url`, or the reason it cannot be built.
+/// The transport for `url` (TCP, TLS, WebSockets, WebSockets over TLS),
+/// or the reason it cannot be built.
 fn transport(url: &BrokerUrl) -> Result<rumqttc::Transport, String> {
-    if !url.tls {
-        return Ok(rumqttc::Transport::Tcp);
+    let tls = || {
+        url.security
+            .tls_config()
+            .map(rumqttc::TlsConfiguration::Rustls)
+    };
+    Ok(match (url.tls, url.ws_path.is_some()) {
+        (false, false) => rumqttc::Transport::Tcp,
+        (true, false) => rumqttc::Transport::tls_with_config(tls()?),
+        (false, true) => rumqttc::Transport::Ws,
+        (true, true) => rumqttc::Transport::wss_with_config(tls()?),
+    })
+}
+
+/// What rumqttc takes as the broker's address: the host, or for
+/// WebSockets the whole URL of the upgrade request.
+fn broker_addr(url: &BrokerUrl) -> String {
+    match &url.ws_path {
+        None => url.host.clone(),
+        Some(path) => {
+            let scheme = if url.tls { "wss" } else { "ws" };
+            if url.host.contains(':') {
+                format!("{scheme}://[{}]:{}{path}", url.host, url.port)
+            } else {
+                format!("{scheme}://{}:{}{path}", url.host, url.port)
+            }
+        }
     }
-    let config = url.security.tls_config()?;
-    Ok(rumqttc::Transport::tls_with_config(
-        rumqttc::TlsConfiguration::Rustls(config),
-    ))
 }
 
 impl Conn {
@@ -669,7 +728,7 @@ impl Conn {
             .map(|u| (u.clone(), url.security.password.clone()));
         match url.version {
             Version::V311 => {
-                let mut mo = rumqttc::MqttOptions::new(&o.client_id, &url.host, url.port);
+                let mut mo = rumqttc::MqttOptions::new(&o.client_id, broker_addr(url), url.port);
                 mo.set_keep_alive(o.keep_alive.max(Duration::from_secs(1)))
                     .set_clean_session(o.clean_session)
                     .set_inflight(o.inflight.max(1))
@@ -719,7 +778,8 @@ impl Conn {
                 }
             }
             Version::V5 => {
-                let mut mo = rumqttc::v5::MqttOptions::new(&o.client_id, &url.host, url.port);
+                let mut mo =
+                    rumqttc::v5::MqttOptions::new(&o.client_id, broker_addr(url), url.port);
                 mo.set_keep_alive(o.keep_alive.max(Duration::from_secs(1)))
                     .set_clean_start(o.clean_session)
                     .set_max_packet_size(Some(o.max_packet as u32))
@@ -1052,8 +1112,9 @@ mod tests {
             "mqtt://h:99999",
             "mqtt://h/x",
             "mqtt://::1:5",
-            "ws://h",
-            "wss://h:443",
+            "ws://h/a#b",
+            "ws://h/a b",
+            "ws://@h/",
             // found by fuzzing (config_toml): a bracketed host that is not
             // an IPv6 address printed back without its brackets
             "mqtt://[[\0\u{7f}\0-\u{4}(\0]",
@@ -1066,6 +1127,22 @@ mod tests {
         }
         let e = "mqtt://[x]".parse::<BrokerUrl>().unwrap_err();
         assert!(e.contains("[x] is not an IPv6 address"), "{e}");
+        // WebSockets: a path, ports 80 and 443 by default
+        let u: BrokerUrl = "ws://h".parse().unwrap();
+        assert_eq!(
+            (u.port, u.tls, u.ws_path.as_deref()),
+            (80, false, Some("/"))
+        );
+        assert_eq!(u.to_string(), "ws://h:80/");
+        let u: BrokerUrl = "wss5://[::1]/mqtt?x=1".parse().unwrap();
+        assert_eq!(
+            (u.port, u.tls, u.version, u.ws_path.as_deref()),
+            (443, true, Version::V5, Some("/mqtt?x=1"))
+        );
+        assert_eq!(u.to_string(), "wss5://[::1]:443/mqtt?x=1");
+        assert_eq!(broker_addr(&u), "wss://[::1]:443/mqtt?x=1");
+        let long = format!("ws://h/{}", "a".repeat(MAX_WS_PATH));
+        assert!(long.parse::<BrokerUrl>().is_err());
         let u: BrokerUrl = "mqtt://broker_1.example-net.org".parse().unwrap();
         assert_eq!(u.host, "broker_1.example-net.org");
         let u: BrokerUrl = "mqtts://broker.lan".parse().unwrap();

@@ -26,6 +26,16 @@ proptest! {
         }
     }
 
+    /// WebSocket URLs with any path: refused, or printed back the same.
+    #[test]
+    fn ws_urls_round_trip(s in "wss?5?://[a-z0-9.-]{1,12}(:[0-9]{1,5})?(/[ -~]{0,20})?") {
+        if let Ok(u) = s.parse::<BrokerUrl>() {
+            prop_assert!(u.ws_path.as_deref().is_some_and(|p| p.starts_with('/')));
+            let back = u.to_string();
+            prop_assert_eq!(back.parse::<BrokerUrl>(), Ok(u), "{} -> {}", s, back);
+        }
+    }
+
     #[test]
     fn any_text_parses_or_says_why(s in "[ -~]{0,40}") {
         if let Err(e) = s.parse::<BrokerUrl>() {
