@@ -93,6 +93,13 @@ fn serve_with_key(extra: &[&str], key: Option<&str>) -> ((Proc, u16), u16) {
         .spawn()
         .expect("start mintgate serve");
     let mut p = Proc(child);
+    wait_up(&mut p, plain, &log);
+    ((p, secure), plain)
+}
+
+/// Waits until `p` answers GET /request on plain CoAP port `plain`;
+/// panics with its log when it exits or does not within 15 s.
+fn wait_up(p: &mut Proc, plain: u16, log: &std::path::Path) {
     let end = Instant::now() + Duration::from_secs(15);
     while Instant::now() < end {
         let o = mintgate(&[
@@ -102,19 +109,19 @@ fn serve_with_key(extra: &[&str], key: Option<&str>) -> ((Proc, u16), u16) {
             &format!("coap://127.0.0.1:{plain}/request"),
         ]);
         if o.status.success() {
-            return ((p, secure), plain);
+            return;
         }
         if let Ok(Some(st)) = p.0.try_wait() {
             panic!(
                 "mintgate serve exited ({st}): {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
+                std::fs::read_to_string(log).unwrap_or_default()
             );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!(
         "mintgate serve did not come up: {}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        std::fs::read_to_string(log).unwrap_or_default()
     );
 }
 
@@ -644,4 +651,81 @@ fn a_hello_flood_from_many_sources_leaves_libcoap_and_a_session_served() {
     );
     assert!(metric(metrics, "mintgate_coaps_sessions") <= 4);
     talk(3);
+}
+
+/// `coaps+tcp` (RFC 8323 over TLS, `[coaps] tcp_bind`) against libcoap's
+/// `coap-client-openssl`: a GET with the server verified against the CA;
+/// with `access.write = "dtls"`, a PUT without a client certificate is
+/// refused (4.01) and one with a certificate the CA signed is taken, the
+/// certificate's common name as the identity; bytes that are not TLS close
+/// the connection and leave the gateway serving.
+#[test]
+fn coaps_over_tcp_with_libcoap() {
+    if !have("coap-client-openssl") {
+        return;
+    }
+    let (pki, dir) = pki();
+    let s = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    let (ca, ccert, ckey) = (s(&pki.ca), s(&pki.client_cert), s(&pki.client_key));
+    let plain = free_port();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = dir.join("tls-tcp.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[coap]\nbind = [\"127.0.0.1:{plain}\"]\n\
+             [coaps]\ntcp_bind = [\"127.0.0.1:{tcp}\"]\ncert = \"{}\"\nkey = \"{}\"\n\
+             client_ca = \"{ca}\"\nrequire_client_cert = false\n\
+             [access]\nwrite = \"dtls\"\n",
+            s(&pki.server_cert),
+            s(&pki.server_key),
+        ),
+    )
+    .unwrap();
+    let log = dir.join("serve.log");
+    let mut p = Proc(
+        Command::new(BIN)
+            .args(["serve", "-c"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start mintgate serve"),
+    );
+    wait_up(&mut p, plain, &log);
+    let uri = |path: &str| format!("coaps+tcp://127.0.0.1:{tcp}/{path}");
+    let (o, e) = libcoap_client(&["-C", &ca, "-m", "get"], &uri("request"));
+    assert_eq!(o.trim(), "hello world", "stderr: {e}");
+    // no client certificate: no identity, the write is refused
+    let (o, e) = libcoap_client(&["-C", &ca, "-m", "put", "-e", "anon"], &uri("echo"));
+    assert!(format!("{o}{e}").contains("4.01"), "{o} {e}");
+    // the CA's client certificate: its common name may write
+    let (o, e) = libcoap_client(
+        &[
+            "-C", &ca, "-c", &ccert, "-j", &ckey, "-m", "put", "-e", "over tls",
+        ],
+        &uri("echo"),
+    );
+    assert!(!o.contains("4.") && !e.contains("4.01"), "{o} {e}");
+    let (o, _) = libcoap_client(&["-C", &ca, "-m", "get"], &uri("echo"));
+    assert_eq!(o.trim(), "over tls");
+    // not TLS at all: closed, and the gateway goes on
+    {
+        use std::io::{Read, Write};
+        let mut raw = std::net::TcpStream::connect(("127.0.0.1", tcp)).unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        raw.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut buf = Vec::new();
+        let _ = raw.read_to_end(&mut buf);
+        assert!(buf.len() < 64, "{} bytes back", buf.len());
+    }
+    let (o, e) = libcoap_client(&["-C", &ca, "-m", "get"], &uri("request"));
+    assert_eq!(o.trim(), "hello world", "stderr: {e}");
+    drop(p);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,6 +11,13 @@
 //! holds at most one read's worth of answers before it is dropped.
 //! Requests are answered by the same router, resources and access rules
 //! as over UDP (the caller's `serve`).
+//!
+//! `coaps+tcp` (RFC 8323 section 4.2) is the same over TLS (rustls, TLS
+//! 1.2 and 1.3, ALPN `coap`): the handshake runs in the connection's thread
+//! under the same read timeouts, so a peer that stalls it is dropped like
+//! one that stalls a frame (no CSM within the frame timeout). A verified
+//! client certificate's common name is the requests' identity, as a DTLS
+//! one is over coaps.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -87,6 +94,8 @@ pub struct TcpServer {
 
 struct Shared {
     settings: TcpSettings,
+    /// `coaps+tcp`: the TLS server configuration.
+    tls: Option<Arc<rustls::ServerConfig>>,
     serve: Serve,
     stop: Arc<AtomicBool>,
     stats: Arc<TcpStats>,
@@ -95,10 +104,12 @@ struct Shared {
 }
 
 impl TcpServer {
-    /// Binds every address and starts the accept threads.
+    /// Binds every address and starts the accept threads; with `tls`, the
+    /// listeners speak `coaps+tcp`.
     pub fn start(
         binds: &[SocketAddr],
         settings: TcpSettings,
+        tls: Option<Arc<rustls::ServerConfig>>,
         serve: Serve,
         stats: Arc<TcpStats>,
     ) -> io::Result<TcpServer> {
@@ -115,8 +126,14 @@ impl TcpServer {
             .map(|l| l.local_addr())
             .collect::<io::Result<Vec<_>>>()?;
         let stop = Arc::new(AtomicBool::new(false));
+        let scheme = if tls.is_some() {
+            "coaps-tcp"
+        } else {
+            "coap-tcp"
+        };
         let sh = Arc::new(Shared {
             settings,
+            tls,
             serve,
             stop: stop.clone(),
             stats: stats.clone(),
@@ -127,7 +144,7 @@ impl TcpServer {
             let sh = sh.clone();
             threads.push(
                 std::thread::Builder::new()
-                    .name(format!("coap-tcp-{i}"))
+                    .name(format!("{scheme}-{i}"))
                     .spawn(move || accept_loop(&sh, l))?,
             );
         }
@@ -249,17 +266,17 @@ fn admit(sh: &Arc<Shared>, peer: SocketAddr) -> Option<Slot> {
 
 /// Writes out what the connection has to say; false when the peer does
 /// not take it within the write timeout.
-fn flush(s: &mut TcpStream, c: &mut Connection) -> bool {
+fn flush(s: &mut impl Write, c: &mut Connection) -> bool {
     let n = c.output().len();
     if n == 0 {
         return true;
     }
-    let ok = s.write_all(c.output()).is_ok();
+    let ok = s.write_all(c.output()).and_then(|()| s.flush()).is_ok();
     c.consume_output(n);
     ok
 }
 
-fn serve_connection(sh: &Shared, mut s: TcpStream, peer: SocketAddr) {
+fn serve_connection(sh: &Shared, s: TcpStream, peer: SocketAddr) {
     let set = &sh.settings;
     let _ = s.set_nonblocking(false);
     let _ = s.set_nodelay(true);
@@ -269,10 +286,70 @@ fn serve_connection(sh: &Shared, mut s: TcpStream, peer: SocketAddr) {
     {
         return;
     }
+    match &sh.tls {
+        None => run(sh, s, peer, |_| None),
+        Some(cfg) => {
+            let Ok(conn) = rustls::ServerConnection::new(cfg.clone()) else {
+                return;
+            };
+            let tls = rustls::StreamOwned::new(conn, s);
+            run(sh, tls, peer, |t: &rustls::StreamOwned<_, TcpStream>| {
+                t.conn
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| common_name(c.as_ref()))
+            });
+        }
+    }
+}
+
+/// The common name of a DER certificate (the subject when it has none).
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let cn = subject
+        .iter_common_name()
+        .next()
+        .and_then(|a| a.as_str().ok())
+        .map(str::to_owned);
+    Some(cn.unwrap_or_else(|| subject.to_string()))
+}
+
+/// Shuts a stream's connection down (TCP: both ways; TLS: close_notify
+/// first).
+trait Shut {
+    fn shut(&mut self);
+}
+
+impl Shut for TcpStream {
+    fn shut(&mut self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Shut for rustls::StreamOwned<rustls::ServerConnection, TcpStream> {
+    fn shut(&mut self) {
+        self.conn.send_close_notify();
+        let _ = self.conn.complete_io(&mut self.sock);
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The connection's loop over stream `s`; `identity` says who the peer
+/// proved to be (read after each receive: a TLS handshake completes on the
+/// way).
+fn run<S: Read + Write + Shut>(
+    sh: &Shared,
+    mut s: S,
+    peer: SocketAddr,
+    identity: impl Fn(&S) -> Option<String>,
+) {
+    let set = &sh.settings;
     let mut c = Connection::new(Framing::Stream, peer, set.connection.clone());
     let mut buf = vec![0u8; 4096];
     let mut last = Instant::now();
     let serve = &*sh.serve;
+    let mut who: Option<String> = None;
     let mut ok = flush(&mut s, &mut c);
     while ok && c.closed().is_none() {
         if sh.stop.load(Relaxed) {
@@ -284,8 +361,18 @@ fn serve_connection(sh: &Shared, mut s: TcpStream, peer: SocketAddr) {
             Ok(0) => break,
             Ok(n) => {
                 last = now;
+                if who.is_none() {
+                    who = identity(&s);
+                }
                 let before = c.stats().requests;
-                c.receive(now, &buf[..n], &mut |r, max| serve(r, max));
+                c.receive(now, &buf[..n], &mut |r, max| {
+                    let r = Request {
+                        peer: r.peer,
+                        packet: r.packet,
+                        identity: r.identity.or(who.as_deref()),
+                    };
+                    serve(&r, max)
+                });
                 sh.stats
                     .requests
                     .fetch_add(c.stats().requests - before, Relaxed);
@@ -301,7 +388,10 @@ fn serve_connection(sh: &Shared, mut s: TcpStream, peer: SocketAddr) {
                     c.release();
                 }
             }
-            Err(_) => break,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "coap over tcp/tls: read");
+                break;
+            }
         }
         ok = flush(&mut s, &mut c);
     }
@@ -312,5 +402,62 @@ fn serve_connection(sh: &Shared, mut s: TcpStream, peer: SocketAddr) {
         sh.stats.aborted.fetch_add(1, Relaxed);
         tracing::debug!(%peer, ?why, "coap+tcp connection aborted");
     }
-    let _ = s.shutdown(std::net::Shutdown::Both);
+    s.shut();
+}
+
+/// The TLS configuration of the `coaps+tcp` listeners: `chain` and `key`
+/// (PEM files), TLS 1.2 and 1.3, ALPN `coap`; with `client_ca`, client
+/// certificates are verified against it (and required when `require`).
+pub fn tls_config(
+    chain: &std::path::Path,
+    key: &std::path::Path,
+    client_ca: Option<&std::path::Path>,
+    require: bool,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = |p: &std::path::Path| -> Result<Vec<CertificateDer<'static>>, String> {
+        let v: Vec<_> = CertificateDer::pem_file_iter(p)
+            .and_then(|i| i.collect::<Result<_, _>>())
+            .map_err(|e| format!("reading certificates from {}: {e}", p.display()))?;
+        if v.is_empty() {
+            return Err(format!("no certificate in {}", p.display()));
+        }
+        Ok(v)
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("TLS versions: {e}"))?;
+    let builder = match client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in certs(ca)? {
+                roots
+                    .add(c)
+                    .map_err(|e| format!("a CA certificate in {}: {e}", ca.display()))?;
+            }
+            let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            );
+            let v = if require {
+                v
+            } else {
+                v.allow_unauthenticated()
+            };
+            builder.with_client_cert_verifier(
+                v.build()
+                    .map_err(|e| format!("the client certificate verifier: {e}"))?,
+            )
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("reading a private key from {}: {e}", key.display()))?;
+    let mut cfg = builder
+        .with_single_cert(certs(chain)?, key)
+        .map_err(|e| format!("the certificate and key: {e}"))?;
+    cfg.alpn_protocols = vec![b"coap".to_vec()];
+    Ok(Arc::new(cfg))
 }

@@ -1412,11 +1412,14 @@ impl Config {
     /// devices or output kinds of its own checks with `validate` alone.
     pub fn validate_to_start(&self) -> Result<(), ConfigError> {
         self.validate()?;
-        if self.access.write == crate::access::WriteMode::Dtls && !self.coaps.enabled() {
+        if self.access.write == crate::access::WriteMode::Dtls
+            && !self.coaps.enabled()
+            && self.coaps.tcp_bind.is_empty()
+        {
             return Err(ConfigError::Value {
                 key: "access.write",
-                why: "\"dtls\" needs a coaps listener (coaps.bind): without one no write \
-                      could ever be allowed"
+                why: "\"dtls\" needs a coaps listener (coaps.bind, or coaps.tcp_bind with \
+                      client certificates): without one no write could ever be allowed"
                     .into(),
             });
         }

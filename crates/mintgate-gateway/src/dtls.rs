@@ -22,6 +22,11 @@ use crate::config::ConfigError;
 pub struct CoapsSection {
     /// UDP addresses to serve coaps on (usually port 5684).
     pub bind: Vec<SocketAddr>,
+    /// TCP addresses to serve `coaps+tcp` on (RFC 8323: CoAP over TLS,
+    /// usually port 5684/tcp): the certificate (`cert`, `key`) and client
+    /// certificate (`client_ca`, `require_client_cert`) settings below,
+    /// the connection limits of `[coap]` (`tcp_*`).
+    pub tcp_bind: Vec<SocketAddr>,
     /// PSK identity of the pre-shared key `psk_key`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub psk_identity: Option<String>,
@@ -58,6 +63,7 @@ impl Default for CoapsSection {
     fn default() -> Self {
         CoapsSection {
             bind: Vec::new(),
+            tcp_bind: Vec::new(),
             psk_identity: None,
             psk_key: None,
             psk_keys: BTreeMap::new(),
@@ -75,9 +81,26 @@ impl Default for CoapsSection {
 }
 
 impl CoapsSection {
-    /// Whether any coaps listener is configured.
+    /// Whether any coaps listener (DTLS over UDP) is configured.
     pub fn enabled(&self) -> bool {
         !self.bind.is_empty()
+    }
+
+    /// The TLS configuration of the `coaps+tcp` listeners.
+    pub fn tcp_tls(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, String> {
+        let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
+            return Err(
+                "coaps.tcp_bind needs a certificate (coaps.cert and coaps.key): TLS here has \
+                 no pre-shared keys"
+                    .into(),
+            );
+        };
+        crate::coap_tcp::tls_config(
+            cert,
+            key,
+            self.client_ca.as_deref(),
+            self.require_client_cert,
+        )
     }
 
     /// The DTLS server settings; checks every key.
@@ -129,6 +152,9 @@ impl CoapsSection {
                 "coaps.cert",
                 "cert and key must be given together".into(),
             ));
+        }
+        if !self.tcp_bind.is_empty() {
+            self.tcp_tls().map_err(|e| v("coaps.tcp_bind", e))?;
         }
         if self.enabled() && psk.is_empty() && self.cert.is_none() {
             return Err(v(

@@ -71,6 +71,9 @@ pub enum StartError {
     /// A thread could not be started.
     #[error("cannot start thread")]
     Thread(#[from] io::Error),
+    /// The `coaps+tcp` TLS configuration could not be built.
+    #[error("coaps+tcp: {0}")]
+    Tls(String),
     /// A CoAP-over-TCP listener could not be bound.
     #[error("cannot bind coap+tcp {addrs:?}")]
     BindTcp {
@@ -189,6 +192,8 @@ pub struct Gateway {
     manager: ThreadPoolManager,
     /// The CoAP-over-TCP listeners, when `coap.tcp_bind` names any.
     tcp: Option<crate::coap_tcp::TcpServer>,
+    /// `coaps+tcp` (`coaps.tcp_bind`).
+    tls_tcp: Option<crate::coap_tcp::TcpServer>,
 }
 
 impl Gateway {
@@ -245,7 +250,8 @@ impl Gateway {
             started: Instant::now(),
             access: crate::access::AccessPolicy::new(cfg.access.clone()),
             dashboard_refused: Default::default(),
-            tcp_stats: (!cfg.coap.tcp_bind.is_empty()).then(Arc::default),
+            tcp_stats: (!cfg.coap.tcp_bind.is_empty() || !cfg.coaps.tcp_bind.is_empty())
+                .then(Arc::default),
             oscore,
             cfg,
         });
@@ -326,32 +332,44 @@ impl Gateway {
                 .name("coap-notify".into())
                 .spawn(move || fatal_on_panic("notifier", || notify_loop(&sh)))?,
         );
-        let tcp = match &shared.tcp_stats {
-            Some(stats) => {
-                let c = &shared.cfg.coap;
-                let settings = crate::coap_tcp::TcpSettings {
-                    max_connections: c.tcp_max_connections,
-                    max_per_source: c.tcp_max_per_source,
-                    connection: mintgate_coap::server::tcp::ConnectionConfig {
-                        max_message_size: c.tcp_max_message_size,
-                        max_payload: c.max_payload,
-                        frame_timeout: Duration::from_millis(c.tcp_frame_timeout_ms),
-                    },
-                    idle_timeout: Duration::from_secs(c.tcp_idle_timeout_s),
-                };
-                let sh = shared.clone();
-                let serve: crate::coap_tcp::Serve =
-                    Arc::new(move |req: &Request<'_>, _max| serve_reliable(&sh, req));
-                let server =
-                    crate::coap_tcp::TcpServer::start(&c.tcp_bind, settings, serve, stats.clone())
-                        .map_err(|source| StartError::BindTcp {
-                            addrs: c.tcp_bind.clone(),
-                            source,
-                        })?;
-                Some(server)
+        let (mut tcp, mut tls_tcp) = (None, None);
+        if let Some(stats) = &shared.tcp_stats {
+            let c = &shared.cfg.coap;
+            let settings = crate::coap_tcp::TcpSettings {
+                max_connections: c.tcp_max_connections,
+                max_per_source: c.tcp_max_per_source,
+                connection: mintgate_coap::server::tcp::ConnectionConfig {
+                    max_message_size: c.tcp_max_message_size,
+                    max_payload: c.max_payload,
+                    frame_timeout: Duration::from_millis(c.tcp_frame_timeout_ms),
+                },
+                idle_timeout: Duration::from_secs(c.tcp_idle_timeout_s),
+            };
+            let sh = shared.clone();
+            let serve: crate::coap_tcp::Serve =
+                Arc::new(move |req: &Request<'_>, _max| serve_reliable(&sh, req));
+            let start = |binds: &[SocketAddr], tls| {
+                crate::coap_tcp::TcpServer::start(
+                    binds,
+                    settings.clone(),
+                    tls,
+                    serve.clone(),
+                    stats.clone(),
+                )
+                .map_err(|source| StartError::BindTcp {
+                    addrs: binds.to_vec(),
+                    source,
+                })
+            };
+            if !c.tcp_bind.is_empty() {
+                tcp = Some(start(&c.tcp_bind, None)?);
             }
-            None => None,
-        };
+            let s = &shared.cfg.coaps;
+            if !s.tcp_bind.is_empty() {
+                let tls = s.tcp_tls().map_err(StartError::Tls)?;
+                tls_tcp = Some(start(&s.tcp_bind, Some(tls))?);
+            }
+        }
         let sh = shared.clone();
         let timer = Some(
             std::thread::Builder::new()
@@ -367,6 +385,7 @@ impl Gateway {
             manager,
             observer,
             tcp,
+            tls_tcp,
         })
     }
 
@@ -374,6 +393,14 @@ impl Gateway {
     /// the OS chose for `:0`).
     pub fn tcp_addrs(&self) -> Vec<SocketAddr> {
         self.tcp
+            .as_ref()
+            .map(|t| t.local_addrs().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// The bound `coaps+tcp` addresses (`coaps.tcp_bind`).
+    pub fn tls_tcp_addrs(&self) -> Vec<SocketAddr> {
+        self.tls_tcp
             .as_ref()
             .map(|t| t.local_addrs().to_vec())
             .unwrap_or_default()
@@ -521,7 +548,7 @@ impl Gateway {
     }
 
     fn stop(&mut self) {
-        if let Some(mut t) = self.tcp.take() {
+        for mut t in [self.tcp.take(), self.tls_tcp.take()].into_iter().flatten() {
             t.stop();
         }
         self.shared.stop.store(true, Relaxed);
