@@ -158,6 +158,24 @@ impl Cluster {
         ))
     }
 
+    /// For tests: `n` nodes of the nats-server found by
+    /// [`find_nats_server`], or `None` (said on stderr) when there is none
+    /// and `MINTGATE_REQUIRE_PEERS` is not set; with it set, an error.
+    pub fn start_for_tests(dir: &Path, n: usize) -> io::Result<Option<Cluster>> {
+        let Some(bin) = find_nats_server() else {
+            if std::env::var_os("MINTGATE_REQUIRE_PEERS").is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "nats-server is not installed and MINTGATE_REQUIRE_PEERS is set \
+                     (apt-get install nats-server)",
+                ));
+            }
+            eprintln!("skipping: nats-server is not installed (apt-get install nats-server)");
+            return Ok(None);
+        };
+        Cluster::start(&bin, dir, n).map(Some)
+    }
+
     /// The nodes' client URLs.
     pub fn urls(&self) -> Vec<String> {
         self.nodes

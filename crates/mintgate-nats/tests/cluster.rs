@@ -13,18 +13,41 @@ use std::time::{Duration, Instant};
 
 use mintgate_mqtt::reorder::ReorderConfig;
 use mintgate_mqtt::{Publisher, PublisherConfig, SubEvent, Subscriber, SubscriberConfig};
-use mintgate_nats::cluster::{find_nats_server, read_all, stream_now, wait_stream_ready, Cluster};
+use mintgate_nats::cluster::{read_all, stream_now, wait_stream_ready, Cluster};
 use mintgate_nats::{Consumer, JetStream, Target};
 
-fn cluster(dir: &std::path::Path) -> Option<Cluster> {
-    let Some(bin) = find_nats_server() else {
-        if std::env::var_os("MINTGATE_REQUIRE_PEERS").is_some() {
-            panic!("nats-server is not installed and MINTGATE_REQUIRE_PEERS is set (apt-get install nats-server)");
-        }
-        eprintln!("skipping: nats-server is not installed (apt-get install nats-server)");
-        return None;
-    };
-    Some(Cluster::start(&bin, dir, 3).expect("starting the cluster"))
+/// A fresh folder and a 3-node cluster in it whose stream `stream` (3
+/// replicas) is ready; `None` when the test is skipped.
+fn setup(name: &str, stream: &str) -> Option<(std::path::PathBuf, Cluster, Target)> {
+    let dir = tmp(name);
+    let c = Cluster::start_for_tests(&dir.join("cluster"), 3).expect("starting the cluster")?;
+    let t = c.target(stream).unwrap();
+    wait_stream_ready(&t, Duration::from_secs(20)).unwrap();
+    Some((dir, c, t))
+}
+
+/// Closes the publisher and checks the outcome: all acknowledged, `n`
+/// delivered complete and in order to `sub` (or to a consumer started
+/// now), stored once; prints the figures of `what`.
+fn finish(what: &str, p: Publisher, out: &JetStream, sub: Option<Subscriber>, t: &Target, n: u64) {
+    let st = p.close(Duration::from_secs(5));
+    assert_eq!(st.unacked, 0);
+    assert!(
+        st.connects >= 2,
+        "the failure did not end the connection: {st:?}"
+    );
+    let mut sub = sub.unwrap_or_else(|| subscriber(t, "after"));
+    expect_in_order(&mut sub, n);
+    let inversions = expect_stored_once(t, n);
+    eprintln!(
+        "{what}: {n} stored once, {} connections, {} resent, {} recognised as duplicates, \
+         {inversions} stored out of order",
+        st.connects,
+        st.queue.retransmitted,
+        out.stats()
+            .duplicates
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 fn tmp(name: &str) -> std::path::PathBuf {
@@ -141,18 +164,14 @@ fn expect_stored_once(t: &Target, n: u64) -> usize {
 
 #[test]
 fn node_killed_and_restarted_mid_stream() {
-    let dir = tmp("node");
-    let Some(mut c) = cluster(&dir.join("cluster")) else {
+    let Some((dir, mut c, t)) = setup("node", "NODE") else {
         return;
     };
-    let t = c.target("NODE").unwrap();
-    wait_stream_ready(&t, Duration::from_secs(20)).unwrap();
-    let mut sub = subscriber(&t, "reader");
+    let sub = subscriber(&t, "reader");
     let (p, out) = publisher(&t, &dir.join("q"), 8);
-    let n = 1500;
-    let mut killed = None;
     let stats = out.stats();
-    publish_through(&p, "sensors/temp0", n, &[400, 900], |k| {
+    let mut killed = None;
+    publish_through(&p, "sensors/temp0", 1500, &[400, 900], |k| {
         if k == 400 {
             // the node this publisher is connected to
             let name = stats.server();
@@ -165,36 +184,18 @@ fn node_killed_and_restarted_mid_stream() {
             c.restart(i).unwrap();
         }
     });
-    let st = p.close(Duration::from_secs(5));
-    assert_eq!(st.unacked, 0);
-    assert!(
-        st.connects >= 2,
-        "the kill did not end the connection: {st:?}"
-    );
-    expect_in_order(&mut sub, n);
-    let inversions = expect_stored_once(&t, n);
-    eprintln!(
-        "node kill: {n} stored once, {} connections, {} resent, {} recognised as duplicates, \
-         {inversions} stored out of order",
-        st.connects,
-        st.queue.retransmitted,
-        stats.duplicates.load(std::sync::atomic::Ordering::Relaxed)
-    );
+    finish("node kill", p, &out, Some(sub), &t, 1500);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn stream_leader_killed() {
-    let dir = tmp("leader");
-    let Some(mut c) = cluster(&dir.join("cluster")) else {
+    let Some((dir, mut c, t)) = setup("leader", "LEADER") else {
         return;
     };
-    let t = c.target("LEADER").unwrap();
-    wait_stream_ready(&t, Duration::from_secs(20)).unwrap();
     let (p, out) = publisher(&t, &dir.join("q"), 8);
-    let n = 1500;
     let mut killed = None;
-    publish_through(&p, "sensors/temp0", n, &[400, 900], |k| {
+    publish_through(&p, "sensors/temp0", 1500, &[400, 900], |k| {
         if k == 400 {
             let leader = stream_now(&t).unwrap().leader.expect("a leader");
             let i = c.index_of(&leader).unwrap();
@@ -205,21 +206,29 @@ fn stream_leader_killed() {
             c.restart(i).unwrap();
         }
     });
-    let st = p.close(Duration::from_secs(5));
-    assert_eq!(st.unacked, 0);
-    // read after the whole stream: a consumer started now resumes nothing
-    // and reads 1..=n
-    let mut sub = subscriber(&t, "late");
-    expect_in_order(&mut sub, n);
-    let inversions = expect_stored_once(&t, n);
-    eprintln!(
-        "leader kill: {n} stored once, {} connections, {} resent, {} duplicates, \
-         {inversions} stored out of order",
-        st.connects,
-        st.queue.retransmitted,
-        out.stats()
-            .duplicates
-            .load(std::sync::atomic::Ordering::Relaxed)
-    );
+    // read after the whole stream: a consumer started now reads 1..=n
+    finish("leader kill", p, &out, None, &t, 1500);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn whole_cluster_down_for_a_while_and_back() {
+    let Some((dir, mut c, t)) = setup("down", "DOWN") else {
+        return;
+    };
+    let (p, out) = publisher(&t, &dir.join("q"), 8);
+    publish_through(&p, "sensors/temp0", 1000, &[300], |k| {
+        eprintln!("killing all 3 nodes (-9) after {k} acknowledged, for 2 s");
+        for i in 0..3 {
+            c.kill(i);
+        }
+        // the queue keeps taking messages while nothing answers
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(!p.status().connected);
+        for i in 0..3 {
+            c.restart(i).unwrap();
+        }
+    });
+    finish("cluster down 2 s", p, &out, None, &t, 1000);
     let _ = std::fs::remove_dir_all(&dir);
 }
