@@ -12,6 +12,7 @@ static ALLOC: mintgate_buf::heap::CountingAlloc = mintgate_buf::heap::CountingAl
 
 mod bench;
 mod client;
+mod fleet;
 mod http;
 mod lab;
 mod mqtt;

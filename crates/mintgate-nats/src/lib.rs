@@ -27,6 +27,7 @@ pub mod consumer;
 pub mod output;
 pub mod subject;
 
+pub use async_nats;
 pub use config::{NatsSection, Target};
 pub use consumer::Consumer;
 pub use output::JetStream;
