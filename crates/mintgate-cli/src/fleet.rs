@@ -278,13 +278,14 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
         }
     }
     let run_s = t0.elapsed().as_secs_f64();
-    // let the consumer catch up: until nothing new for 2 s (at most 30 s)
+    // let the consumer catch up: until it has seen what the stream holds
+    // (at most 30 s; a consumer on a killed node is made again)
+    let stored = stream_now(&t).map(|s| s.messages).unwrap_or(0);
     let mut seen = Vec::new();
     let end = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < end {
-        match seen_rx.recv_timeout(Duration::from_secs(2)) {
-            Ok(x) => seen.push(x),
-            Err(_) => break,
+    while (seen.len() as u64) < stored && Instant::now() < end {
+        if let Ok(x) = seen_rx.recv_timeout(Duration::from_millis(500)) {
+            seen.push(x);
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -292,7 +293,6 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
         seen.push(x);
     }
     let _ = consumer.join();
-    let stored = stream_now(&t).map(|s| s.messages).unwrap_or(0);
 
     // per (publisher, topic): lost (gaps below the highest), duplicated,
     // out of order (in stream order)
@@ -337,6 +337,23 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
     }
     let csv_path = a.out.join("fleet.csv");
     std::fs::write(&csv_path, csv)?;
+    // what each gateway enqueued and left unacknowledged at its stop (its
+    // last log line of the bridges; kept in its queue's store for a next
+    // start)
+    let (mut enqueued, mut left) = (0u64, 0u64);
+    for g in 0..k {
+        let log = std::fs::read_to_string(dir.join(format!("gw{g}.log"))).unwrap_or_default();
+        let field = |name: &str| -> Option<u64> {
+            let line = log
+                .lines()
+                .rev()
+                .find(|l| l.contains("MQTT bridges stopped"))?;
+            let v = line.split(&format!(" {name}=")).nth(1)?;
+            v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        };
+        enqueued += field("enqueued").unwrap_or(0);
+        left += field("unacked").unwrap_or(0);
+    }
     for (when, what) in &events {
         println!("  {:>5.1} s  {what}", when.as_secs_f64());
     }
@@ -346,7 +363,20 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
         stored as f64 / run_s,
         seen.len()
     );
-    println!("streams (gateway, sensor) {}; lost (gaps) {lost}, stored twice {dup}, out of order in the stream {ooo}", streams.len());
+    // stored = enqueued - left when nothing is lost or stored twice
+    let expected = enqueued.saturating_sub(left);
+    println!(
+        "enqueued by the gateways {enqueued}, left unacknowledged in their queues at the stop {left}: \
+         lost {}, stored twice {}",
+        expected.saturating_sub(stored),
+        stored.saturating_sub(expected)
+    );
+    println!(
+        "the consumer read {} of the {stored} stored, over {} streams (gateway, sensor): \
+         gaps {lost}, duplicates {dup}, out of order in the stream {ooo}",
+        seen.len(),
+        streams.len()
+    );
     println!(
         "sample -> stored   p50 {} ms, p99 {} ms, max {} ms",
         pct(&mut to_stored, 0.5),

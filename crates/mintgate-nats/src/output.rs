@@ -42,6 +42,16 @@ pub struct OutputStats {
     pub connects: AtomicU64,
     /// The server (its name) of the current or last connection.
     pub server: std::sync::Mutex<String>,
+    /// The stream was found (or created) once: later connections publish
+    /// at once, without asking the cluster's meta leader again (which a
+    /// node failure may be electing).
+    pub stream_found: AtomicBool,
+    /// Connections in a row that ended without an acknowledgement (reset
+    /// by one): each waits longer before it reports its failure (50 ms
+    /// doubling to 2 s), since the driver connects again at once after a
+    /// connection that was made (a stream without a leader answers every
+    /// connection's first publish at once with "no responders").
+    pub failing: std::sync::atomic::AtomicU32,
 }
 
 impl OutputStats {
@@ -216,6 +226,9 @@ async fn run(
     stats: Arc<OutputStats>,
 ) {
     if let Err(e) = publish(&t, &publisher, &mut rx, &events, &refused, &stats).await {
+        let n = stats.failing.fetch_add(1, Ordering::Relaxed).min(6);
+        let wait = std::time::Duration::from_millis(50 << n).min(std::time::Duration::from_secs(2));
+        tokio::time::sleep(wait).await;
         let _ = events.send(Err(e));
     }
 }
@@ -232,7 +245,10 @@ async fn publish(
     let js = jetstream::ContextBuilder::new()
         .timeout(t.ack_timeout)
         .build(client.clone());
-    ensure_stream(t, &js).await?;
+    if !stats.stream_found.load(Ordering::Relaxed) {
+        ensure_stream(t, &js).await?;
+        stats.stream_found.store(true, Ordering::Relaxed);
+    }
     stats.connects.fetch_add(1, Ordering::Relaxed);
     let name = client.server_info().server_name;
     tracing::debug!("JetStream output connected to {name}");
@@ -279,6 +295,7 @@ async fn publish(
                 if ack.duplicate {
                     stats.duplicates.fetch_add(1, Ordering::Relaxed);
                 }
+                stats.failing.store(0, Ordering::Relaxed);
                 let _ = events.send(Ok(LinkEvent::Acked(tok, Ok(()))));
             }
         }
