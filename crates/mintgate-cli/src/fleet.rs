@@ -21,7 +21,7 @@ use mintgate_nats::cluster::{stream_now, wait_stream_ready, Cluster};
 /// Arguments of `mintgate lab fleet`.
 #[derive(clap::Args)]
 pub struct FleetArgs {
-    /// Short settings: 3 gateways x 10 sensors x 10 Hz for 12 s.
+    /// Short settings: 3 gateways x 10 sensors x 10 Hz for 20 s.
     #[arg(long)]
     quick: bool,
     /// Gateway processes [10; quick 3].
@@ -33,7 +33,7 @@ pub struct FleetArgs {
     /// Samples per second of each sensor.
     #[arg(long, default_value_t = 10.0)]
     rate: f64,
-    /// How long the gateways publish [60s; quick 12s].
+    /// How long the gateways publish [60s; quick 20s].
     #[arg(long, value_parser = |s: &str| mintgate_gateway::config::parse_duration(s))]
     duration: Option<Duration>,
     /// Output folder (fleet.csv, the cluster's and gateways' logs).
@@ -80,7 +80,7 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
     let s = a.sensors.unwrap_or(if a.quick { 10 } else { 100 });
     let dur = a
         .duration
-        .unwrap_or(Duration::from_secs(if a.quick { 12 } else { 60 }));
+        .unwrap_or(Duration::from_secs(if a.quick { 20 } else { 60 }));
     anyhow::ensure!((1..=50).contains(&k), "--gateways: 1..=50");
     anyhow::ensure!((1..=1000).contains(&s), "--sensors: 1..=1000");
     anyhow::ensure!(
@@ -248,6 +248,20 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
     cluster.restart(victim)?;
     events.push((t0.elapsed(), format!("restarted {}", cluster.name(victim))));
     wait_until(at(0.55));
+    // one failure at a time: the restarted node current again first (else
+    // killing the leader leaves no majority)
+    let since = Instant::now();
+    let ready = wait_stream_ready(&t, Duration::from_secs(15));
+    events.push((
+        t0.elapsed(),
+        match &ready {
+            Ok(_) => format!(
+                "all 3 replicas current (waited {:.1} s)",
+                since.elapsed().as_secs_f64()
+            ),
+            Err(e) => format!("replicas not all current after 15 s: {e}"),
+        },
+    ));
     let leader = stream_now(&t)
         .ok()
         .and_then(|s| s.leader)
@@ -293,6 +307,7 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
         seen.push(x);
     }
     let _ = consumer.join();
+    let stored = stream_now(&t).map(|s| s.messages).unwrap_or(stored);
 
     // per (publisher, topic): lost (gaps below the highest), duplicated,
     // out of order (in stream order)
