@@ -355,7 +355,7 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
     // what each gateway enqueued and left unacknowledged at its stop (its
     // last log line of the bridges; kept in its queue's store for a next
     // start)
-    let (mut enqueued, mut left) = (0u64, 0u64);
+    let (mut enqueued, mut left, mut unknown) = (0u64, 0u64, 0usize);
     for g in 0..k {
         let log = std::fs::read_to_string(dir.join(format!("gw{g}.log"))).unwrap_or_default();
         let field = |name: &str| -> Option<u64> {
@@ -366,8 +366,13 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
             let v = line.split(&format!(" {name}=")).nth(1)?;
             v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
         };
-        enqueued += field("enqueued").unwrap_or(0);
-        left += field("unacked").unwrap_or(0);
+        match (field("enqueued"), field("unacked")) {
+            (Some(e), Some(u)) => {
+                enqueued += e;
+                left += u;
+            }
+            _ => unknown += 1,
+        }
     }
     for (when, what) in &events {
         println!("  {:>5.1} s  {what}", when.as_secs_f64());
@@ -380,12 +385,20 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
     );
     // stored = enqueued - left when nothing is lost or stored twice
     let expected = enqueued.saturating_sub(left);
-    println!(
-        "enqueued by the gateways {enqueued}, left unacknowledged in their queues at the stop {left}: \
-         lost {}, stored twice {}",
-        expected.saturating_sub(stored),
-        stored.saturating_sub(expected)
-    );
+    if unknown == 0 {
+        println!(
+            "enqueued by the gateways {enqueued}, left unacknowledged in their queues at the stop \
+             {left}: lost {}, stored twice {}",
+            expected.saturating_sub(stored),
+            stored.saturating_sub(expected)
+        );
+    } else {
+        println!(
+            "lost / stored twice UNKNOWN: {unknown} of {k} gateways did not stop within 10 s of \
+             SIGTERM (overloaded?) and were killed; see their logs in {}",
+            dir.display()
+        );
+    }
     println!(
         "the consumer read {} of the {stored} stored, over {} streams (gateway, sensor): \
          gaps {lost}, duplicates {dup}, out of order in the stream {ooo}",
