@@ -23,6 +23,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The NATS JetStream tests' 3-node cluster: nats-server, Debian's package
+# when apt offers one, else built with go install from the Go module proxy.
+NATS_SERVER_GO_VERSION=v2.14.9
+if ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ] && [ ! -x "${HOME:-/root}/go/bin/nats-server" ]; then
+  step "installing nats-server"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  if apt-cache policy nats-server 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nats-server >/dev/null
+  else
+    go install "github.com/nats-io/nats-server/v2@${NATS_SERVER_GO_VERSION}"
+  fi
+fi
+
 # The dashboard's browser test: Debian's chromium, driven headless.
 if ! command -v chromium >/dev/null; then
   step "installing chromium"

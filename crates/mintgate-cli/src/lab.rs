@@ -22,6 +22,13 @@ pub struct LabArgs {
 
 #[derive(clap::Subcommand)]
 enum Lab {
+    /// A fleet into a replicated JetStream stream: K gateway processes
+    /// (`serve --nats`, S simulated sensors each at HZ) into a private
+    /// 3-node nats-server cluster, through a node killed and restarted and
+    /// then the stream's leader; prints offered and stored rates, latency
+    /// from sample to stream and to a consumer (p50, p99, max), lost,
+    /// duplicated and out-of-order counts. Writes `fleet.csv`.
+    Fleet(crate::fleet::FleetArgs),
     /// coaps (CoAP over DTLS 1.2) on this machine: handshakes per second
     /// (pre-shared key and certificate) and the throughput over established
     /// sessions beside plain CoAP, measured in one run against one
@@ -461,6 +468,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
     stop_children_on_signal();
     let summary = match args.lab {
         Lab::All { quick, out } => return run_all(quick, out),
+        Lab::Fleet(a) => return crate::fleet::run_fleet(a),
         Lab::Threads {
             common,
             max_threads,

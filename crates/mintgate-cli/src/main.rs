@@ -12,6 +12,7 @@ static ALLOC: mintgate_buf::heap::CountingAlloc = mintgate_buf::heap::CountingAl
 
 mod bench;
 mod client;
+mod fleet;
 mod http;
 mod lab;
 mod mqtt;
@@ -173,12 +174,17 @@ pub(crate) fn psk_key_or_env(flag: Option<&str>) -> Option<String> {
 fn log_filter(flag: Option<&str>, rust_log: Option<&str>) -> String {
     let filter = flag.or(rust_log).unwrap_or("info");
     // The embedded MQTT broker (rumqttd) logs every client disconnect as an
-    // error: silent unless asked for by name.
-    if filter.contains("rumqttd") {
-        filter.to_owned()
-    } else {
-        format!("{filter},rumqttd=off")
+    // error: silent unless asked for by name. The NATS client says every
+    // connection at info (the JetStream output logs its own): warnings only
+    // unless asked for by name.
+    let mut f = filter.to_owned();
+    if !filter.contains("rumqttd") {
+        f.push_str(",rumqttd=off");
     }
+    if !filter.contains("async_nats") {
+        f.push_str(",async_nats=warn");
+    }
+    f
 }
 
 fn init_logging(flag: Option<&str>, format: LogFormat) {
@@ -189,7 +195,7 @@ fn init_logging(flag: Option<&str>, format: LogFormat) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("mintgate: warning: bad log filter '{text}' ({e}); logging at info");
-            EnvFilter::new("info,rumqttd=off")
+            EnvFilter::new("info,rumqttd=off,async_nats=warn")
         }
     };
     // colours only for a terminal (and not under NO_COLOR): a log file or a
@@ -293,10 +299,20 @@ mod tests {
     fn the_log_flag_wins_over_rust_log() {
         assert_eq!(
             log_filter(Some("debug"), Some("error")),
-            "debug,rumqttd=off"
+            "debug,rumqttd=off,async_nats=warn"
         );
-        assert_eq!(log_filter(None, Some("error")), "error,rumqttd=off");
-        assert_eq!(log_filter(None, None), "info,rumqttd=off");
-        assert_eq!(log_filter(Some("rumqttd=warn"), None), "rumqttd=warn");
+        assert_eq!(
+            log_filter(None, Some("error")),
+            "error,rumqttd=off,async_nats=warn"
+        );
+        assert_eq!(log_filter(None, None), "info,rumqttd=off,async_nats=warn");
+        assert_eq!(
+            log_filter(Some("rumqttd=warn"), None),
+            "rumqttd=warn,async_nats=warn"
+        );
+        assert_eq!(
+            log_filter(Some("async_nats=debug"), None),
+            "async_nats=debug,rumqttd=off"
+        );
     }
 }

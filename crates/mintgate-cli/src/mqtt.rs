@@ -92,6 +92,70 @@ impl BrokerAuthArgs {
     }
 }
 
+/// The JetStream side of `publish` and `subscribe` (`--nats`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct NatsArgs {
+    /// Publish into (or consume from) a NATS JetStream stream instead of
+    /// MQTT: server URLs, comma-separated, nats://HOST:PORT or
+    /// tls://HOST:PORT (any nodes of the cluster). --username,
+    /// --password-file/--password-env and --ca-file apply to it.
+    #[arg(long, value_name = "URL[,URL...]")]
+    nats: Option<String>,
+    /// The JetStream stream (created when missing, subjects PREFIX>).
+    #[arg(long, default_value = "mintgate", requires = "nats")]
+    stream: String,
+    /// Subject of a message, PREFIX{topic} (the topic's levels become
+    /// tokens); default: STREAM.{topic}.
+    #[arg(long, value_name = "TEMPLATE", requires = "nats")]
+    subject: Option<String>,
+    /// Replicas of the stream if it is created (3 on a 3-node cluster).
+    #[arg(long, default_value_t = 1, requires = "nats")]
+    replicas: usize,
+    /// File whose first line is the NATS token (instead of a user).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "nats",
+        conflicts_with = "token_env"
+    )]
+    token_file: Option<PathBuf>,
+    /// Environment variable holding the NATS token.
+    #[arg(long, value_name = "VAR", requires = "nats")]
+    token_env: Option<String>,
+}
+
+impl NatsArgs {
+    /// The checked target of `--nats`, with the credentials of `auth`.
+    pub fn target(&self, auth: &BrokerAuthArgs) -> anyhow::Result<Option<mintgate_nats::Target>> {
+        let Some(servers) = &self.nats else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            auth.cert_file.is_none(),
+            "--cert-file/--key-file (client certificates) are not supported with --nats"
+        );
+        let path = |p: &Option<PathBuf>| p.clone().unwrap_or_default();
+        let s = mintgate_nats::NatsSection {
+            enabled: true,
+            servers: servers.split(',').map(|s| s.trim().to_owned()).collect(),
+            user: auth.username.clone().unwrap_or_default(),
+            password_file: path(&auth.password_file),
+            password_env: auth.password_env.clone().unwrap_or_default(),
+            token_file: path(&self.token_file),
+            token_env: self.token_env.clone().unwrap_or_default(),
+            ca_file: path(&auth.ca_file),
+            stream: self.stream.clone(),
+            subject: self
+                .subject
+                .clone()
+                .unwrap_or_else(|| format!("{}.{{topic}}", self.stream)),
+            replicas: self.replicas,
+            ..mintgate_nats::NatsSection::default()
+        };
+        Ok(Some(s.target().map_err(anyhow::Error::msg)?))
+    }
+}
+
 /// Arguments of `mintgate publish`.
 #[derive(clap::Args)]
 #[command(after_help = "Publishes messages 1..=N, each a JSON envelope \
@@ -110,6 +174,8 @@ pub struct PublishArgs {
     broker: BrokerUrl,
     #[command(flatten)]
     auth: BrokerAuthArgs,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Topic to publish to.
     #[arg(long)]
     topic: String,
@@ -160,9 +226,17 @@ pub struct SubscribeArgs {
     broker: BrokerUrl,
     #[command(flatten)]
     auth: BrokerAuthArgs,
-    /// Topic filter to subscribe to.
-    #[arg(long)]
-    topic: String,
+    #[command(flatten)]
+    nats: NatsArgs,
+    /// Topic filter to subscribe to (with --nats: a subject filter of the
+    /// stream, NATS wildcards; default: the whole stream).
+    #[arg(long, required_unless_present = "nats")]
+    topic: Option<String>,
+    /// With --nats: the durable consumer's name; a later run with the same
+    /// name resumes after the last message delivered (default: a consumer
+    /// of this run only, from the stream's first message).
+    #[arg(long, value_name = "NAME", requires = "nats")]
+    durable: Option<String>,
     /// Exit after this many in-order messages.
     #[arg(long)]
     count: Option<u64>,
@@ -232,8 +306,19 @@ pub fn run_publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
         anyhow::ensure!(r > 0.0 && r.is_finite(), "--rate must be positive");
     }
     let mut a = a;
-    a.broker = a.auth.apply(a.broker.clone())?;
+    let nats = a.nats.target(&a.auth)?;
+    if nats.is_none() {
+        a.broker = a.auth.apply(a.broker.clone())?;
+    }
     let mut cfg = PublisherConfig::new(a.broker.clone());
+    let target = match nats {
+        Some(t) => {
+            let d = t.describe();
+            cfg.uplink = Some(std::sync::Arc::new(mintgate_nats::JetStream::new(t)));
+            d
+        }
+        None => a.broker.to_string(),
+    };
     cfg.qos = a.qos;
     cfg.window = a.window;
     cfg.state = a.state.clone();
@@ -262,7 +347,7 @@ pub fn run_publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
         "publish: {} messages to {:?} via {} (QoS {}, window {}), publisher {}",
         a.count,
         a.topic,
-        a.broker,
+        target,
         a.qos.level(),
         a.window,
         p.publisher_id()
@@ -286,7 +371,7 @@ pub fn run_publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
             break;
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            summary(&a, &p.status(), t0.elapsed(), first_new, false);
+            summary(&a, &target, &p.status(), t0.elapsed(), first_new, false);
             return Ok(ExitCode::from(1));
         }
         if next <= a.count {
@@ -342,11 +427,18 @@ pub fn run_publish(a: PublishArgs) -> anyhow::Result<ExitCode> {
         p.wait_until(tick, |s| s.unacked < unacked || s.unacked == 0);
     }
     let st = p.close(Duration::from_secs(1));
-    summary(&a, &st, t0.elapsed(), first_new, true);
+    summary(&a, &target, &st, t0.elapsed(), first_new, true);
     Ok(ExitCode::SUCCESS)
 }
 
-fn summary(a: &PublishArgs, st: &Status, took: Duration, first_new: u64, complete: bool) {
+fn summary(
+    a: &PublishArgs,
+    target: &str,
+    st: &Status,
+    took: Duration,
+    first_new: u64,
+    complete: bool,
+) {
     let acked = st.queue.acked;
     let rate = acked as f64 / took.as_secs_f64().max(1e-9);
     if a.json {
@@ -356,7 +448,7 @@ fn summary(a: &PublishArgs, st: &Status, took: Duration, first_new: u64, complet
                 "complete": complete,
                 "count": a.count,
                 "topic": a.topic,
-                "broker": a.broker.to_string(),
+                "broker": target,
                 "qos": a.qos.level(),
                 "window": a.window,
                 "acked_this_run": acked,
@@ -397,8 +489,24 @@ fn summary(a: &PublishArgs, st: &Status, took: Duration, first_new: u64, complet
 /// Runs `mintgate subscribe`.
 pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
     let mut a = a;
-    a.broker = a.auth.apply(a.broker.clone())?;
-    let mut cfg = SubscriberConfig::new(a.broker.clone(), a.topic.clone());
+    let nats = a.nats.target(&a.auth)?;
+    if nats.is_none() {
+        a.broker = a.auth.apply(a.broker.clone())?;
+    }
+    let topic = a.topic.clone().unwrap_or_default();
+    let mut cfg = SubscriberConfig::new(a.broker.clone(), topic.clone());
+    let target = match nats {
+        Some(t) => {
+            let d = t.describe();
+            cfg.uplink = Some(std::sync::Arc::new(
+                mintgate_nats::Consumer::new(t, a.durable.clone()).map_err(anyhow::Error::msg)?,
+            ));
+            // what this run does not print stays unacknowledged for the next
+            cfg.limit = a.count;
+            d
+        }
+        None => a.broker.to_string(),
+    };
     cfg.qos = a.qos;
     cfg.client_id = a.client_id.clone();
     cfg.persistent_session = a.persistent;
@@ -407,6 +515,13 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
         gap_timeout: Some(a.gap_timeout),
         ..ReorderConfig::default()
     };
+    if cfg.uplink.is_some() && a.durable.is_some() {
+        // A durable consumer resumes at its first message not
+        // acknowledged, but what the last run had received and not
+        // delivered comes again only after the ack wait: a stream's first
+        // arrival waits that long for lower numbers.
+        cfg.reorder.join_wait = mintgate_nats::consumer::ACK_WAIT + Duration::from_secs(1);
+    }
     let mut sub = Subscriber::start(cfg).context("starting the subscriber")?;
     let t0 = Instant::now();
     let deadline = a.timeout.map(|d| t0 + d);
@@ -433,7 +548,7 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
             Some(SubEvent::Subscribed) => {
                 subscribed = true;
                 (failed, failing_since, failed_said) = (0, None, None);
-                eprintln!("subscribe: subscribed to {:?} at {}", a.topic, a.broker)
+                eprintln!("subscribe: subscribed to {topic:?} at {target}")
             }
             Some(SubEvent::Disconnected(e)) => {
                 eprintln!("subscribe: disconnected ({e}); reconnecting")
@@ -449,7 +564,7 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
                     eprintln!(
                         "subscribe: NOT connected to {} ({e}); {failed} attempt(s) so far, \
                          retrying at most 2 s apart{}",
-                        a.broker,
+                        target,
                         if deadline.is_none() {
                             " (--timeout D gives up)"
                         } else {
@@ -501,9 +616,9 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
         match &last_failure {
             Some(e) => eprintln!(
                 "subscribe: never subscribed at {}: NOT connected ({e}; {failed} attempt(s))",
-                a.broker
+                target
             ),
-            None => eprintln!("subscribe: never subscribed at {}", a.broker),
+            None => eprintln!("subscribe: never subscribed at {}", target),
         }
     }
     // a broker never reached is a failure even without --count: a script

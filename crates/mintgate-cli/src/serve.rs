@@ -90,6 +90,12 @@ pub struct ServeArgs {
     /// --mqtt).
     #[arg(long, value_name = "URL")]
     mqtt_broker: Option<String>,
+    /// Publish the bridges' messages into NATS JetStream at these servers
+    /// (comma-separated nats://HOST:PORT; replaces nats.servers, sets
+    /// nats.enabled, implies --mqtt) instead of an MQTT broker: the same
+    /// persistent queue and topics, `[nats]` for stream and subjects.
+    #[arg(long, value_name = "URL[,URL...]")]
+    nats: Option<String>,
     /// MQTT 3.1.1 listener of the embedded broker (replaces
     /// mqtt.embedded_listen, default 127.0.0.1:1883; port 0: any free port).
     #[arg(long, value_name = "ADDR")]
@@ -217,6 +223,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         cfg.mqtt.enabled = true;
     }
     if a.mqtt {
+        cfg.mqtt.enabled = true;
+    }
+    if let Some(n) = &a.nats {
+        cfg.nats.servers = n.split(',').map(|s| s.trim().to_owned()).collect();
+        cfg.nats.enabled = true;
         cfg.mqtt.enabled = true;
     }
     if let Some(l) = a.mqtt_listen {

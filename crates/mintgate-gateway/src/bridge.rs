@@ -325,6 +325,8 @@ const BATCH: usize = 256;
 /// The running bridges; dropping them stops them.
 pub struct MqttBridge {
     broker: BrokerUrl,
+    /// Where the queue publishes: the broker, or the JetStream output.
+    target: String,
     hub: Arc<Hub>,
     publisher: Option<Arc<Publisher>>,
     listener: Option<ListenerControl>,
@@ -350,7 +352,37 @@ impl MqttBridge {
         manager: &DeviceManager,
         services: Option<&ThreadPoolManager>,
     ) -> Result<MqttBridge, BridgeError> {
+        MqttBridge::start_with(cfg, None, manager, services)
+    }
+
+    /// [`MqttBridge::start`], publishing through `output` (the JetStream
+    /// output of `[nats]`) instead of an MQTT broker when given: the same
+    /// queue (`[mqtt]`'s state, window and `[mqtt.queue]`), topics and
+    /// envelopes; no embedded broker, no status topic, and no
+    /// `[[mqtt.command]]` (nothing to subscribe to).
+    pub fn start_with(
+        cfg: &MqttSection,
+        output: Option<Arc<dyn mintgate_mqtt::Uplink>>,
+        manager: &DeviceManager,
+        services: Option<&ThreadPoolManager>,
+    ) -> Result<MqttBridge, BridgeError> {
         let bad = |key, why: String| BridgeError::Config { key, why };
+        if output.is_some() {
+            if !cfg.command.is_empty() {
+                return Err(bad(
+                    "mqtt.command",
+                    "commands need an MQTT broker; with nats.enabled the bridges only publish"
+                        .into(),
+                ));
+            }
+            if !cfg.status_topic.is_empty() {
+                return Err(bad(
+                    "mqtt.status_topic",
+                    "a status topic needs an MQTT broker (a last will); not with nats.enabled"
+                        .into(),
+                ));
+            }
+        }
         cfg.validate(
             &manager
                 .list()
@@ -482,6 +514,8 @@ impl MqttBridge {
         }
 
         let (broker, embedded) = match cfg.broker_url().map_err(|e| bad("mqtt.broker", e))? {
+            // with another output the MQTT broker is not used
+            _ if output.is_some() => (BrokerUrl::from_addr(([127, 0, 0, 1], 0).into()), None),
             Some(url) => (url, None),
             None => {
                 for a in [cfg.embedded_listen, cfg.embedded_listen5] {
@@ -518,6 +552,11 @@ impl MqttBridge {
         pc.state = cfg.persist.then(|| cfg.state.clone());
         pc.status_topic = cfg.status_topic();
         pc.limits = cfg.queue.limits();
+        let target = match &output {
+            Some(o) => o.describe(),
+            None => broker.to_string(),
+        };
+        pc.uplink = output;
         let publisher = Arc::new(Publisher::start(pc)?);
         let status = publisher.status();
         if status.resumed > 0 {
@@ -564,6 +603,7 @@ impl MqttBridge {
         let stop = Arc::new(AtomicBool::new(false));
         let mut bridge = MqttBridge {
             broker: broker.clone(),
+            target: target.clone(),
             hub: hub.clone(),
             publisher: Some(publisher.clone()),
             listener: None,
@@ -654,7 +694,7 @@ impl MqttBridge {
                 })?);
         }
         tracing::info!(
-            broker = %broker,
+            broker = %target,
             publisher = publisher.publisher_id(),
             device_topics = bridge.routes.len(),
             commands = cfg.command.len(),
@@ -665,7 +705,7 @@ impl MqttBridge {
     }
 
     /// The broker the bridges use (the embedded one's address when
-    /// `broker = "embedded"`).
+    /// `broker = "embedded"`; port 0 with a JetStream output).
     pub fn broker_url(&self) -> &BrokerUrl {
         &self.broker
     }
@@ -724,7 +764,7 @@ impl MqttBridge {
             .as_ref()
             .map(Arc::downgrade)
             .unwrap_or_default();
-        let broker = self.broker.to_string();
+        let broker = self.target.clone();
         let limits = self.limits;
         Arc::new(move || {
             let st = p.upgrade().map(|p| p.status());

@@ -67,6 +67,9 @@ pub struct Config {
     /// `[mqtt]`: the MQTT bridges (off unless `enabled`); see
     /// [`crate::bridge`].
     pub mqtt: MqttSection,
+    /// `[nats]`: the JetStream output of the bridges (used when `enabled`,
+    /// instead of an MQTT broker); see `mintgate_nats`.
+    pub nats: mintgate_nats::NatsSection,
     /// `[coaps]`: CoAP over DTLS listeners (off while `bind` is empty); see
     /// [`crate::dtls`].
     pub coaps: crate::dtls::CoapsSection,
@@ -1394,6 +1397,12 @@ impl Config {
             return v("vta.trial_util", format!("{t} is not a share >= 0"));
         }
         self.mqtt.validate(&self.devices.list)?;
+        if self.nats.enabled {
+            // files and variables are read at the start, as for [mqtt]
+            self.nats
+                .target()
+                .map_err(|why| ConfigError::Value { key: "nats", why })?;
+        }
         self.access.validate()?;
         self.oscore.validate()?;
         // devices and links, as the start would check them, short of

@@ -473,7 +473,21 @@ impl DeviceHost {
         };
         let manager = DeviceManager::start(&cfg.devices, &no_links)?;
         let bridge = if cfg.mqtt.enabled {
-            Some(MqttBridge::start(&cfg.mqtt, &manager, Some(gw.manager()))?)
+            let output: Option<Arc<dyn mintgate_mqtt::Uplink>> = if cfg.nats.enabled {
+                let t = cfg
+                    .nats
+                    .target()
+                    .map_err(|why| crate::bridge::BridgeError::Config { key: "nats", why })?;
+                Some(Arc::new(mintgate_nats::JetStream::new(t)))
+            } else {
+                None
+            };
+            Some(MqttBridge::start_with(
+                &cfg.mqtt,
+                output,
+                &manager,
+                Some(gw.manager()),
+            )?)
         } else {
             None
         };

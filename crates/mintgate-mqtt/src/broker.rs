@@ -44,7 +44,7 @@ fn wait_listening(addr: SocketAddr, limit: Duration) -> bool {
 /// answer is read from /proc: a LISTEN entry of /proc/net/tcp for the
 /// address whose inode is one of the child's descriptors.
 #[cfg(target_os = "linux")]
-fn child_listens(pid: u32, addr: SocketAddr) -> bool {
+pub fn child_listens(pid: u32, addr: SocketAddr) -> bool {
     let SocketAddr::V4(v4) = addr else {
         return false;
     };
@@ -79,7 +79,7 @@ fn child_listens(pid: u32, addr: SocketAddr) -> bool {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn child_listens(_pid: u32, addr: SocketAddr) -> bool {
+pub fn child_listens(_pid: u32, addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
 }
 

@@ -650,6 +650,18 @@ pub enum LinkEvent {
         /// and well-formed.
         origin: Option<(String, u64)>,
     },
+    /// A message of a transport that wants to hear when the application
+    /// is done with it ([`Backend::settle`] with `token`): a JetStream
+    /// consumer's, acknowledged once delivered in order or dropped as a
+    /// duplicate, so that a durable consumer resumes where it stopped.
+    Held {
+        /// Its topic (a subject).
+        topic: String,
+        /// Its payload.
+        payload: Vec<u8>,
+        /// What [`Backend::settle`] takes.
+        token: u64,
+    },
     /// SUBACK: whether every filter was granted.
     SubAck(bool),
     /// Something else (pings, our own acks).
@@ -659,6 +671,36 @@ pub enum LinkEvent {
 enum Client {
     V4(rumqttc::AsyncClient),
     V5(rumqttc::v5::AsyncClient),
+    Other(Box<dyn Backend>),
+}
+
+/// Another transport behind a [`Conn`] (the JetStream output of
+/// `mintgate-nats`): what the publish queue and the subscriber ask of it.
+/// Its events come over the channel given to [`Conn::custom`], with the
+/// same rules as MQTT's: the first is `Connected` or an error, each
+/// [`Backend::publish`] yields one `Sent(token)` in call order and later
+/// one `Acked(token, ..)`, and an error ends the connection.
+pub trait Backend: Send {
+    /// Hands one queued message over without waiting (its `id` and the
+    /// publisher's id name it for de-duplication).
+    fn publish(&self, m: &crate::queue::QueuedMessage) -> Result<(), String>;
+    /// Starts a subscription without waiting (`SubAck` when it is set up).
+    fn subscribe(&self, filter: &str) -> Result<(), String>;
+    /// The application is done with the [`LinkEvent::Held`] message
+    /// `token` (delivered, or dropped as a duplicate or undecodable).
+    fn settle(&self, token: u64);
+    /// Ends the connection in an orderly way, without waiting.
+    fn disconnect(&self);
+}
+
+/// A source of [`Conn`]s other than MQTT: the publish queue's driver
+/// calls [`Uplink::start`] for every connection attempt (inside its tokio
+/// runtime) instead of connecting to [`crate::PublisherConfig::broker`].
+pub trait Uplink: Send + Sync + fmt::Debug {
+    /// Starts one connection attempt for publisher `publisher`.
+    fn start(&self, publisher: &str) -> Conn;
+    /// Where it goes, for logs.
+    fn describe(&self) -> String;
 }
 
 /// One connection attempt; see the module docs.
@@ -831,6 +873,23 @@ impl Conn {
         }
     }
 
+    /// A connection over another transport: `backend` takes the requests,
+    /// `events` brings its events, `task` (aborted on drop) runs it, and
+    /// `refused` says that the server refused our credentials.
+    pub fn custom(
+        backend: Box<dyn Backend>,
+        events: mpsc::UnboundedReceiver<Result<LinkEvent, String>>,
+        task: tokio::task::JoinHandle<()>,
+        refused: Arc<AtomicBool>,
+    ) -> Conn {
+        Conn {
+            client: Client::Other(backend),
+            events,
+            task,
+            refused,
+        }
+    }
+
     /// Whether the connection ended because the broker refused the CONNECT
     /// (bad credentials, not authorised): worth retrying only slowly.
     pub fn refused(&self) -> bool {
@@ -871,6 +930,21 @@ impl Conn {
             Client::V5(c) => c
                 .try_publish(topic, qos.v5(), retain, payload)
                 .map_err(|e| e.to_string()),
+            Client::Other(_) => Err("this transport publishes queued messages only".into()),
+        }
+    }
+
+    /// Queues the publish of one message of the publish queue (over MQTT
+    /// with `meta`: [`Conn::publish_with`]).
+    pub fn publish_queued(
+        &self,
+        m: crate::queue::QueuedMessage,
+        qos: Qos,
+        meta: &PublishMeta<'_>,
+    ) -> Result<(), String> {
+        match &self.client {
+            Client::Other(b) => b.publish(&m),
+            _ => self.publish_with(&m.topic, qos, m.retain, m.payload, meta),
         }
     }
 
@@ -888,7 +962,7 @@ impl Conn {
         meta: &PublishMeta<'_>,
     ) -> Result<(), String> {
         match &self.client {
-            Client::V4(_) => self.publish_retained(topic, qos, retain, payload),
+            Client::V4(_) | Client::Other(_) => self.publish_retained(topic, qos, retain, payload),
             Client::V5(c) => {
                 let props = rumqttc::v5::mqttbytes::v5::PublishProperties {
                     message_expiry_interval: meta.expiry_s,
@@ -909,6 +983,15 @@ impl Conn {
         match &self.client {
             Client::V4(c) => c.try_subscribe(filter, qos.v4()).map_err(|e| e.to_string()),
             Client::V5(c) => c.try_subscribe(filter, qos.v5()).map_err(|e| e.to_string()),
+            Client::Other(b) => b.subscribe(filter),
+        }
+    }
+
+    /// Says that the application is done with a [`LinkEvent::Held`]
+    /// message (nothing over MQTT).
+    pub fn settle(&self, token: u64) {
+        if let Client::Other(b) = &self.client {
+            b.settle(token);
         }
     }
 
@@ -917,6 +1000,10 @@ impl Conn {
         let _ = match &self.client {
             Client::V4(c) => c.try_disconnect().map_err(|e| e.to_string()),
             Client::V5(c) => c.try_disconnect().map_err(|e| e.to_string()),
+            Client::Other(b) => {
+                b.disconnect();
+                Ok(())
+            }
         };
     }
 }

@@ -32,7 +32,7 @@ pub mod reorder;
 pub mod store;
 pub mod subscriber;
 
-pub use conn::{BrokerUrl, Qos, Secret, Security, Version, Will};
+pub use conn::{Backend, BrokerUrl, Qos, Secret, Security, Uplink, Version, Will};
 pub use listener::{Listener, ListenerConfig, ListenerControl};
 pub use payload::{decode, Envelope};
 pub use publisher::{Publisher, PublisherConfig, StatusTopic};

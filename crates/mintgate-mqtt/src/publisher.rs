@@ -66,6 +66,9 @@ pub struct PublisherConfig {
     /// what is left of it, at least 1 s); `None`: none. 3.1.1 has no such
     /// property and ignores it.
     pub message_expiry: Option<Duration>,
+    /// Publish through this transport instead of MQTT to `broker` (the
+    /// JetStream output); no status topic then.
+    pub uplink: Option<Arc<dyn crate::conn::Uplink>>,
 }
 
 /// What `{gateway}` in a status topic (and in the gateway's topic
@@ -125,6 +128,7 @@ impl PublisherConfig {
             message_expiry: None,
             limits: DEFAULT_LIMITS,
             resident: DEFAULT_RESIDENT,
+            uplink: None,
         }
     }
 }
@@ -257,7 +261,19 @@ impl Publisher {
             check_topic(&st.topic)
                 .map_err(|e| PublishError::Invalid(format!("status topic: {e}")))?;
         }
-        cfg.broker.check().map_err(PublishError::Invalid)?;
+        match &cfg.uplink {
+            None => cfg.broker.check().map_err(PublishError::Invalid)?,
+            Some(_) if cfg.status_topic.is_some() => {
+                return Err(PublishError::Invalid(
+                    "a status topic needs an MQTT broker (a last will)".into(),
+                ))
+            }
+            Some(_) => {}
+        }
+        let target = match &cfg.uplink {
+            Some(u) => u.describe(),
+            None => cfg.broker.to_string(),
+        };
         let mut store_down = None;
         let store: Box<dyn Store> = match &cfg.state {
             Some(dir) => {
@@ -311,6 +327,7 @@ impl Publisher {
                 };
                 let mut d = Driver {
                     cfg,
+                    target,
                     queue,
                     store,
                     shared: sh.clone(),
@@ -499,6 +516,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 struct Driver {
     cfg: PublisherConfig,
+    /// Where the messages go, for logs.
+    target: String,
     queue: PubQueue,
     store: Box<dyn Store>,
     shared: Arc<Shared>,
@@ -585,7 +604,10 @@ impl Driver {
             None;
         loop {
             if conn.is_none() && tokio::time::Instant::now() >= retry_at {
-                conn = Some(Conn::start(&self.cfg.broker, &opts));
+                conn = Some(match &self.cfg.uplink {
+                    Some(u) => u.start(self.queue.publisher()),
+                    None => Conn::start(&self.cfg.broker, &opts),
+                });
             }
             if let (Some(c), true) = (&conn, self.connected) {
                 if let Err(e) = self.pump(c) {
@@ -1034,8 +1056,9 @@ impl Driver {
                         .message_expiry
                         .map(|e| expiry_left(e, m.ts, now_ms())),
                 };
-                c.publish_with(&m.topic, self.cfg.qos, m.retain, m.payload, &meta)?;
-                self.handed.push_back(m.id);
+                let id = m.id;
+                c.publish_queued(m, self.cfg.qos, &meta)?;
+                self.handed.push_back(id);
             }
             match self.queue.wants_load() {
                 Some(_) => {
@@ -1059,13 +1082,13 @@ impl Driver {
                 if let Some((since, Some(_))) = self.failing.take() {
                     tracing::info!(
                         "publish queue: connected to {} after {:.0?} of failed attempts",
-                        self.cfg.broker,
+                        self.target,
                         since.elapsed()
                     );
                 }
                 tracing::debug!(
                     "publish queue connected to {} (resending from message {:?})",
-                    self.cfg.broker,
+                    self.target,
                     self.queue.base()
                 );
             }
@@ -1118,7 +1141,10 @@ impl Driver {
                     self.store.ack(&[id]).map_err(|e| e.to_string())?;
                 }
             }
-            LinkEvent::Message { .. } | LinkEvent::SubAck(_) | LinkEvent::Other => {}
+            LinkEvent::Message { .. }
+            | LinkEvent::Held { .. }
+            | LinkEvent::SubAck(_)
+            | LinkEvent::Other => {}
         }
         Ok(())
     }
@@ -1132,11 +1158,11 @@ impl Driver {
             // slow down to one every 30 s.
             tracing::warn!(
                 "publish queue: {} refused the connection: {e}; retrying, {} message(s) waiting",
-                self.cfg.broker,
+                self.target,
                 self.queue.len()
             );
         } else if self.connected {
-            tracing::warn!("publish queue: connection to {} lost: {e}", self.cfg.broker);
+            tracing::warn!("publish queue: connection to {} lost: {e}", self.target);
         } else {
             // Attempts that keep failing are said as a warning once they have
             // gone on for 2 s (a broker starting beside us is up by then),
@@ -1149,12 +1175,12 @@ impl Driver {
                 *said = Some(now);
                 tracing::warn!(
                     "publish queue: cannot connect to {} for {:.0?}: {e}; retrying, {} message(s) waiting",
-                    self.cfg.broker,
+                    self.target,
                     now.duration_since(*since),
                     self.queue.len()
                 );
             } else {
-                tracing::debug!("publish queue: connecting to {}: {e}", self.cfg.broker);
+                tracing::debug!("publish queue: connecting to {}: {e}", self.target);
             }
         }
         *conn = None;

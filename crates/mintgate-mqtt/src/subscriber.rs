@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::conn::{BrokerUrl, Conn, ConnOptions, LinkEvent, Qos};
 use crate::payload::{decode, Envelope};
+use crate::reorder::Push;
 use crate::reorder::{Delivery, Reorder, ReorderConfig, ReorderStats};
 
 /// How to subscribe.
@@ -35,6 +36,13 @@ pub struct SubscriberConfig {
     pub reorder: ReorderConfig,
     /// Also report every arrival before reordering ([`SubEvent::Arrival`]).
     pub report_arrivals: bool,
+    /// Subscribe through this transport instead of MQTT to `broker` (a
+    /// JetStream consumer); `topic` is its subject filter.
+    pub uplink: Option<std::sync::Arc<dyn crate::conn::Uplink>>,
+    /// Deliver at most this many messages: those after it are not taken
+    /// from the reorder buffer, so a transport that hears when a message
+    /// is done ([`LinkEvent::Held`]) keeps them for the next run.
+    pub limit: Option<u64>,
 }
 
 impl SubscriberConfig {
@@ -48,6 +56,8 @@ impl SubscriberConfig {
             persistent_session: false,
             reorder: ReorderConfig::default(),
             report_arrivals: false,
+            uplink: None,
+            limit: None,
         }
     }
 }
@@ -84,8 +94,10 @@ pub struct Subscriber {
 impl Subscriber {
     /// Starts subscribing (returns at once; wait for [`SubEvent::Subscribed`]).
     pub fn start(cfg: SubscriberConfig) -> std::io::Result<Subscriber> {
-        crate::conn::check_filter(&cfg.topic)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        if cfg.uplink.is_none() {
+            crate::conn::check_filter(&cfg.topic)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        }
         let (tx, events) = std_mpsc::channel();
         let (stop, stop_rx) = oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -176,6 +188,8 @@ async fn run(
         connected: false,
         backoff: Duration::from_millis(50),
         retry_at: tokio::time::Instant::now(),
+        tokens: std::collections::HashMap::new(),
+        delivered: 0,
     };
     let mut o = ConnOptions::new(
         cfg.client_id
@@ -187,7 +201,10 @@ async fn run(
     let mut conn: Option<Conn> = None;
     loop {
         if conn.is_none() && tokio::time::Instant::now() >= st.retry_at {
-            conn = Some(Conn::start(&cfg.broker, &o));
+            conn = Some(match &cfg.uplink {
+                Some(u) => u.start(&o.client_id),
+                None => Conn::start(&cfg.broker, &o),
+            });
         }
         let gap_at = st
             .reorder
@@ -211,7 +228,7 @@ async fn run(
             _ = tokio::time::sleep_until(st.retry_at), if conn.is_none() => {}
             _ = tokio::time::sleep_until(gap_at.unwrap_or_else(tokio::time::Instant::now)), if gap_at.is_some() => {
                 st.reorder.poll_timeout(Instant::now());
-                st.drain();
+                st.drain(conn.as_ref());
             }
         }
         if !st.out.is_empty()
@@ -240,12 +257,72 @@ struct SubState<'a> {
     connected: bool,
     backoff: Duration,
     retry_at: tokio::time::Instant,
+    /// Tokens of [`LinkEvent::Held`] messages in the reorder buffer, by
+    /// (publisher, topic, seq), settled when that one is delivered (tokens
+    /// of a lost connection too: the transport ignores those it no longer
+    /// knows).
+    tokens: std::collections::HashMap<(String, String, u64), Vec<u64>>,
+    delivered: u64,
 }
 
 impl SubState<'_> {
-    fn drain(&mut self) {
-        while let Some(d) = self.reorder.poll_deliver() {
+    fn drain(&mut self, conn: Option<&Conn>) {
+        while self.cfg.limit.is_none_or(|n| self.delivered < n) {
+            let Some(d) = self.reorder.poll_deliver() else {
+                break;
+            };
+            self.delivered += 1;
+            if !self.tokens.is_empty() {
+                let key = (d.env.publisher.clone(), d.topic.clone(), d.env.seq);
+                for t in self.tokens.remove(&key).unwrap_or_default() {
+                    if let Some(c) = conn {
+                        c.settle(t);
+                    }
+                }
+            }
             self.out.push(SubEvent::Delivery(d));
+        }
+    }
+
+    /// A message arrived (`token`: settle it once done with it).
+    fn arrived(
+        &mut self,
+        topic: String,
+        payload: &[u8],
+        token: Option<u64>,
+        origin: Option<(String, u64)>,
+        conn: Option<&Conn>,
+    ) {
+        let settle = |t: Option<u64>| {
+            if let (Some(t), Some(c)) = (t, conn) {
+                c.settle(t);
+            }
+        };
+        match decode(payload).or_else(|e| bare(payload, origin).ok_or(e)) {
+            Ok(env) => {
+                let now = Instant::now();
+                if self.cfg.report_arrivals {
+                    self.out.push(SubEvent::Arrival(env.clone(), now));
+                }
+                let key = token.map(|_| (env.publisher.clone(), topic.clone(), env.seq));
+                match (self.reorder.push(&topic, env, now), key, token) {
+                    // Held and not yet delivered (a redelivery, maybe over
+                    // a new connection): settled with the one held.
+                    (Push::Duplicate, Some(k), Some(t)) if self.tokens.contains_key(&k) => {
+                        self.tokens.entry(k).or_default().push(t)
+                    }
+                    (Push::InOrder | Push::Buffered, Some(k), Some(t)) => {
+                        self.tokens.entry(k).or_default().push(t)
+                    }
+                    _ => settle(token),
+                }
+                self.drain(conn);
+            }
+            Err(e) => {
+                settle(token);
+                self.out
+                    .push(SubEvent::Undecodable(topic, payload.len(), e.to_string()))
+            }
         }
     }
 
@@ -273,19 +350,12 @@ impl SubState<'_> {
                 topic,
                 payload,
                 origin,
-            }) => match decode(&payload).or_else(|e| bare(&payload, origin).ok_or(e)) {
-                Ok(env) => {
-                    let now = Instant::now();
-                    if self.cfg.report_arrivals {
-                        self.out.push(SubEvent::Arrival(env.clone(), now));
-                    }
-                    self.reorder.push(&topic, env, now);
-                    self.drain();
-                }
-                Err(e) => self
-                    .out
-                    .push(SubEvent::Undecodable(topic, payload.len(), e.to_string())),
-            },
+            }) => self.arrived(topic, &payload, None, origin, conn.as_ref()),
+            Ok(LinkEvent::Held {
+                topic,
+                payload,
+                token,
+            }) => self.arrived(topic, &payload, Some(token), None, conn.as_ref()),
             Ok(_) => {}
             Err(e) => self.lose(conn, e, Duration::ZERO),
         }
