@@ -53,6 +53,13 @@ if ! target/py-venv/bin/python -c 'import aiocoap.oscore, cbor2, filelock' 2>/de
   target/py-venv/bin/pip install -q 'aiocoap[oscore]>=0.4.7,<0.5'
 fi
 
+# pymodbus: a Modbus TCP server no one here wrote, for the Modbus devices'
+# interop test (tests/modbus_pymodbus.rs, tests/modbus_peer.py)
+if ! target/py-venv/bin/python -c 'import pymodbus' 2>/dev/null; then
+  step "installing pymodbus into target/py-venv"
+  target/py-venv/bin/pip install -q 'pymodbus>=3.16,<3.17'
+fi
+
 # The MQTT lab's peer: Eclipse Paho (Java), the paper's client, built with
 # Maven from Maven Central (the lab test requires it under
 # MINTGATE_REQUIRE_PEERS).

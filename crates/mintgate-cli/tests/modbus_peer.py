@@ -1,0 +1,89 @@
+"""A Modbus TCP server for the gateway's tests: pymodbus's server (PyPI
+pymodbus, installed by scripts/test.sh into target/py-venv), unit 1, with
+known values, driven through stdin by the test.
+
+    python modbus_peer.py PORT
+
+Prints "ready" once it serves. Then one command a line, each answered with
+one line ("ok", or the values asked for), all carried out by pymodbus's own
+client against the server, so the values go through the protocol:
+    set-hr ADDR V...   write holding registers
+    set-co ADDR 0|1    write a coil
+    get-hr ADDR N      read holding registers
+    get-co ADDR N      read coils
+"""
+
+import asyncio
+import sys
+
+from pymodbus.client import AsyncModbusTcpClient
+from pymodbus.datastore import (
+    ModbusDeviceContext,
+    ModbusSequentialDataBlock,
+    ModbusServerContext,
+)
+from pymodbus.server import ModbusTcpServer
+
+
+def context():
+    # holding: 0 = 1234 (u16), 1 = 0xFF38 (i16 -200), 2..3 = f32 230.5,
+    # 4..5 = f32 0.25 with the low register first, 10 = a setpoint,
+    # 20 = 0x8005 (bits 0, 2, 15 set); coils: 3 = on
+    hr = [0] * 32
+    hr[0] = 1234
+    hr[1] = 0xFF38
+    hr[2], hr[3] = 0x4366, 0x8000
+    hr[4], hr[5] = 0x0000, 0x3E80
+    hr[20] = 0x8005
+    ir = [0] * 16
+    ir[0] = 650  # 25.0 with scale 0.1 and offset -40
+    co = [False] * 16
+    co[3] = True
+    dev = ModbusDeviceContext(
+        hr=ModbusSequentialDataBlock(1, hr),
+        ir=ModbusSequentialDataBlock(1, ir),
+        co=ModbusSequentialDataBlock(1, co),
+        di=ModbusSequentialDataBlock(1, [False] * 16),
+    )
+    return ModbusServerContext(devices={1: dev}, single=False)
+
+
+async def main(port):
+    server = ModbusTcpServer(context(), address=("127.0.0.1", port))
+    serving = asyncio.create_task(server.serve_forever())
+    client = AsyncModbusTcpClient("127.0.0.1", port=port, timeout=2, retries=0)
+    for _ in range(100):
+        if await client.connect():
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise SystemExit("the server did not start")
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            break
+        cmd, *args = line.split()
+        a = [int(x) for x in args]
+        if cmd == "set-hr":
+            r = await client.write_registers(a[0], a[1:], device_id=1)
+            out = "ok"
+        elif cmd == "set-co":
+            r = await client.write_coil(a[0], bool(a[1]), device_id=1)
+            out = "ok"
+        elif cmd == "get-hr":
+            r = await client.read_holding_registers(a[0], count=a[1], device_id=1)
+            out = " ".join(str(v) for v in getattr(r, "registers", []))
+        elif cmd == "get-co":
+            r = await client.read_coils(a[0], count=a[1], device_id=1)
+            out = " ".join(str(int(v)) for v in getattr(r, "bits", [])[: a[1]])
+        else:
+            raise SystemExit(f"unknown command {cmd}")
+        print(f"error {r}" if r.isError() else out, flush=True)
+    client.close()
+    serving.cancel()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1])))
