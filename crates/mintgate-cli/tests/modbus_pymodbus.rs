@@ -4,7 +4,8 @@
 //! test change and read them through pymodbus's own client). The gateway
 //! reads every type over CoAP GET, an observer sees a register the test
 //! changes, PUTs write a coil, a register and a register pair the test
-//! reads back from the server; a device with nothing listening and one
+//! reads back from the server, a direct-path link turns a coil on when a
+//! register crosses a threshold; a device with nothing listening and one
 //! that never answers do not slow the live one's polls.
 //!
 //! Under MINTGATE_REQUIRE_PEERS=1 a missing pymodbus fails the test.
@@ -175,6 +176,10 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
             point("x", "table = \"holding\"\naddress = 0")
         ));
     }
+    // the direct path from a register to a coil
+    let cfg = format!(
+        "[directpath]\npriority = 0\nlinks = [\"plc.count | threshold(5000, 4500) -> actuator(plc.relay)\"]\n{cfg}"
+    );
     let cfg = write_config(&dir, coap, &cfg);
     let mut s = Serve::start(&cfg, &dir.join("serve.log"), &[]);
     let gw: SocketAddr = format!("127.0.0.1:{coap}").parse().unwrap();
@@ -190,7 +195,6 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
         ("sensors/plc.amps", "0.25"),
         ("sensors/plc.flag", "1"),
         ("sensors/plc.level", "25"),
-        ("actuators/plc.relay", "1"),
         ("actuators/plc.setpoint", "0"),
     ] {
         let got = wait_until(Duration::from_secs(5), || get(path));
@@ -256,6 +260,22 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
         );
         assert_eq!(peer.cmd(read), want, "{path}");
     }
+    // the direct path: the register crosses 5000, the link sets the coil
+    let crossed = Instant::now();
+    assert_eq!(peer.cmd("set-hr 0 6000"), "ok");
+    let on = wait_until(Duration::from_secs(5), || {
+        (peer.cmd("get-co 3 1") == "1").then(Instant::now)
+    });
+    let on = on.expect("the link set the coil");
+    eprintln!(
+        "register crossing to coil set (direct path): {:?}",
+        on - crossed
+    );
+    // and the coil's resource reads it back from the server
+    let got = wait_until(Duration::from_secs(5), || {
+        get("actuators/plc.relay").filter(|v| v == "1")
+    });
+    assert!(got.is_some());
     // a value the point cannot hold: refused, the server untouched
     let o = mintgate(&["put", &uri("actuators/plc.setpoint"), "-e", "70000"]);
     assert!(!o.status.success());

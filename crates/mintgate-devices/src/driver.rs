@@ -103,6 +103,13 @@ pub trait Driver: Send + Sync + 'static {
     fn write(&self, _value: f64) -> Result<(), DeviceError> {
         Err(DeviceError::NotWritable)
     }
+    /// Sets an actuator from the direct path's worker, which must not wait
+    /// on a remote device: a driver whose `write` waits for a device's
+    /// answer (Modbus) queues the write here and returns, counting a
+    /// failure in its own state. The default is `write`.
+    fn submit(&self, value: f64) -> Result<(), DeviceError> {
+        self.write(value)
+    }
     /// Starts delivering values to `events` (sampling ticks, edges). The
     /// returned guard stops the delivery when dropped; `None` means the
     /// driver produces no events of its own.

@@ -406,6 +406,26 @@ impl PointDriver {
     }
 }
 
+impl PointDriver {
+    /// Hands the write of `value` to the connection thread; the receiver
+    /// of its result.
+    fn queue(
+        &self,
+        value: f64,
+    ) -> Result<std::sync::mpsc::Receiver<Result<(), String>>, DeviceError> {
+        if !self.point().spec.writable {
+            return Err(DeviceError::NotWritable);
+        }
+        let op = self.write_op(value).map_err(field_err)?;
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        self.conn
+            .writes
+            .try_send(Write { op, reply })
+            .map_err(|_| field_err("too many writes queued for the device".into()))?;
+        Ok(answer)
+    }
+}
+
 fn field_err(why: String) -> DeviceError {
     DeviceError::Field(why)
 }
@@ -436,15 +456,7 @@ impl Driver for PointDriver {
     }
 
     fn write(&self, value: f64) -> Result<(), DeviceError> {
-        if !self.point().spec.writable {
-            return Err(DeviceError::NotWritable);
-        }
-        let op = self.write_op(value).map_err(field_err)?;
-        let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        self.conn
-            .writes
-            .try_send(Write { op, reply })
-            .map_err(|_| field_err("too many writes queued for the device".into()))?;
+        let answer = self.queue(value)?;
         let ep = &self.conn.shared.ep;
         // every attempt may take a connect and a request
         let wait = ep.timeout * 2 * (ep.retries + 1) + Duration::from_millis(100);
@@ -456,6 +468,13 @@ impl Driver for PointDriver {
             Ok(Err(e)) => Err(field_err(e)),
             Err(_) => Err(field_err(format!("no result within {wait:?}"))),
         }
+    }
+
+    fn submit(&self, value: f64) -> Result<(), DeviceError> {
+        // the connection thread counts a failure; nobody waits for it
+        self.queue(value).map(drop)?;
+        self.point().value.store(value.to_bits(), Ordering::Relaxed);
+        Ok(())
     }
 
     fn start(&self, events: EventFn) -> Result<Option<Running>, DeviceError> {
@@ -531,7 +550,12 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(2));
         let e = d[1].read().unwrap_err().to_string();
         assert!(e.contains("no value"), "{e}");
+        // the direct path's way: queued, not waited for; the failure counted
+        let t = std::time::Instant::now();
+        d[2].submit(1.0).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(50));
+        assert!(d[2].submit(1e12).is_err());
         let st = d[0].link().unwrap();
-        assert!(!st.connected && st.errors >= 1 && st.writes == 1, "{st:?}");
+        assert!(!st.connected && st.errors >= 1 && st.writes >= 1, "{st:?}");
     }
 }
