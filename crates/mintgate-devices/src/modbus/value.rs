@@ -28,6 +28,17 @@ pub enum ValueType {
 }
 
 impl ValueType {
+    /// Every type.
+    pub const ALL: [ValueType; 7] = [
+        ValueType::Bool,
+        ValueType::U16,
+        ValueType::I16,
+        ValueType::U32,
+        ValueType::I32,
+        ValueType::F32,
+        ValueType::F64,
+    ];
+
     /// Registers the type takes (a bool: one, the register holding its bit).
     pub fn words(self) -> u16 {
         match self {
@@ -312,14 +323,7 @@ mod tests {
     }
 
     fn any_type() -> impl Strategy<Value = ValueType> {
-        prop::sample::select(vec![
-            ValueType::U16,
-            ValueType::I16,
-            ValueType::U32,
-            ValueType::I32,
-            ValueType::F32,
-            ValueType::F64,
-        ])
+        prop::sample::select(ValueType::ALL[1..].to_vec())
     }
 
     proptest! {
