@@ -3,6 +3,8 @@ pymodbus, installed by scripts/test.sh into target/py-venv), unit 1, with
 known values, driven through stdin by the test.
 
     python modbus_peer.py PORT
+    python modbus_peer.py rtu TTY    (an RTU server on a serial port; units
+                                      1 and 2; no commands)
 
 Prints "ready" once it serves. Then one command a line, each answered with
 one line ("ok", or the values asked for), all carried out by pymodbus's own
@@ -22,10 +24,15 @@ from pymodbus.datastore import (
     ModbusSequentialDataBlock,
     ModbusServerContext,
 )
-from pymodbus.server import ModbusTcpServer
+from pymodbus import FramerType
+from pymodbus.server import ModbusSerialServer, ModbusTcpServer
 
 
 def context():
+    return ModbusServerContext(devices={1: device()}, single=False)
+
+
+def device():
     # holding: 0 = 1234 (u16), 1 = 0xFF38 (i16 -200), 2..3 = f32 230.5,
     # 4..5 = f32 0.25 with the low register first, 10 = a setpoint,
     # 20 = 0x8005 (bits 0, 2, 15 set); coils: 3 = on
@@ -39,13 +46,34 @@ def context():
     ir[0] = 650  # 25.0 with scale 0.1 and offset -40
     co = [False] * 16
     co[3] = True
-    dev = ModbusDeviceContext(
+    return ModbusDeviceContext(
         hr=ModbusSequentialDataBlock(1, hr),
         ir=ModbusSequentialDataBlock(1, ir),
         co=ModbusSequentialDataBlock(1, co),
         di=ModbusSequentialDataBlock(1, [False] * 16),
     )
-    return ModbusServerContext(devices={1: dev}, single=False)
+
+
+async def rtu(tty):
+    # unit 2 holds 2222 in holding register 0; a unit not on the bus gets
+    # no answer, as on a real line
+    hr = [0] * 32
+    hr[0] = 2222
+    two = ModbusDeviceContext(hr=ModbusSequentialDataBlock(1, hr))
+    server = ModbusSerialServer(
+        ModbusServerContext(devices={1: device(), 2: two}, single=False),
+        framer=FramerType.RTU,
+        port=tty,
+        baudrate=19200,
+        parity="N",  # a pty refuses a parity setting (EINVAL)
+        ignore_missing_devices=True,
+    )
+    serving = asyncio.create_task(server.serve_forever())
+    await asyncio.sleep(0.5)
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)
+    serving.cancel()
 
 
 async def main(port):
@@ -86,4 +114,7 @@ async def main(port):
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1])))
+    if sys.argv[1] == "rtu":
+        asyncio.run(rtu(sys.argv[2]))
+    else:
+        asyncio.run(main(int(sys.argv[1])))

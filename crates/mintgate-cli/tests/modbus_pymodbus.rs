@@ -351,3 +351,132 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
     assert_eq!(row("plc.count")["connection"], "plc");
     drop(mute);
 }
+
+/// A pty pair from socat (Debian), killed on drop: what one end's writer
+/// sends, the other end reads, as on a serial line.
+struct PtyPair {
+    child: Child,
+    a: PathBuf,
+    b: PathBuf,
+}
+
+impl PtyPair {
+    fn start(dir: &std::path::Path) -> Option<PtyPair> {
+        let (a, b) = (dir.join("tty-a"), dir.join("tty-b"));
+        let child = Command::new("socat")
+            .arg(format!("pty,raw,echo=0,link={}", a.display()))
+            .arg(format!("pty,raw,echo=0,link={}", b.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let Ok(child) = child else {
+            assert!(
+                std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+                "socat is required (MINTGATE_REQUIRE_PEERS is set) but not on PATH"
+            );
+            eprintln!("skipping: socat (Debian) is not on PATH");
+            return None;
+        };
+        let p = PtyPair { child, a, b };
+        wait_until(Duration::from_secs(5), || {
+            (p.a.exists() && p.b.exists()).then_some(())
+        })
+        .expect("socat made the pty pair");
+        Some(p)
+    }
+}
+
+impl Drop for PtyPair {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Modbus RTU: two units of pymodbus's serial server on one bus (a socat
+/// pty pair), and a third unit that is not there: the gateway reads both
+/// units' points, writes one and reads it back, and counts the missing
+/// unit's timeouts without losing the others.
+#[test]
+fn modbus_rtu_units_share_a_serial_bus_against_pymodbus() {
+    let Some(py) = python() else {
+        return;
+    };
+    let dir = tmp_dir("modbus-rtu");
+    let Some(pty) = PtyPair::start(&dir) else {
+        return;
+    };
+    let mut slave = Command::new(&py)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/modbus_peer.py"))
+        .arg("rtu")
+        .arg(&pty.b)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the pymodbus RTU server");
+    let mut ready = String::new();
+    BufReader::new(slave.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let (coap, metrics) = (free_udp(), free_tcp());
+    let bus = format!(
+        "kind = \"modbus\"\nserial = \"{}\"\nbaud = 19200\nparity = \"none\"\nperiod = \"100ms\"\n",
+        pty.a.display()
+    );
+    let cfg = format!(
+        "[metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
+         [[devices.list]]\nname = \"u1\"\nunit_id = 1\n{bus}\
+         [[devices.list.points]]\nname = \"count\"\ntable = \"holding\"\naddress = 0\n\
+         [[devices.list.points]]\nname = \"volts\"\ntable = \"holding\"\naddress = 2\ntype = \"f32\"\n\
+         [[devices.list.points]]\nname = \"set\"\ntable = \"holding\"\naddress = 10\nwritable = true\n\
+         [[devices.list]]\nname = \"u2\"\nunit_id = 2\n{bus}\
+         [[devices.list.points]]\nname = \"count\"\ntable = \"holding\"\naddress = 0\n\
+         [[devices.list]]\nname = \"u3\"\nunit_id = 3\ntimeout = \"100ms\"\nretries = 0\n{bus}\
+         [[devices.list.points]]\nname = \"count\"\ntable = \"holding\"\naddress = 0\n"
+    );
+    let cfg = write_config(&dir, coap, &cfg);
+    let mut s = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    let gw: SocketAddr = format!("127.0.0.1:{coap}").parse().unwrap();
+    s.wait_coap(gw, Duration::from_secs(15));
+    let get = |path: &str| text(coap_get(gw, path));
+    for (path, want) in [
+        ("sensors/u1.count", "1234"),
+        ("sensors/u1.volts", "230.5"),
+        ("sensors/u2.count", "2222"),
+    ] {
+        let got = wait_until(Duration::from_secs(10), || get(path));
+        assert_eq!(got.as_deref(), Some(want), "{path}: {}", s.log_text());
+    }
+    let uri = format!("coap://{gw}/actuators/u1.set");
+    let o = mintgate(&["put", &uri, "-e", "55"]);
+    assert!(
+        o.status.success(),
+        "PUT: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // read back from the slave by the next polls (a write that never went
+    // out would be overwritten by the slave's 0)
+    std::thread::sleep(Duration::from_millis(500));
+    let got = wait_until(Duration::from_secs(5), || {
+        get("actuators/u1.set").filter(|v| v == "55")
+    });
+    assert!(got.is_some(), "{:?}", get("actuators/u1.set"));
+    assert_eq!(get("sensors/u3.count"), None);
+    let t = http(metrics, "GET", "/metrics", &[], b"").2;
+    let m = |name: &str, c: &str| metric(&t, &format!("{name}{{connection=\"{c}\"}}"));
+    assert!(m("mintgate_field_errors_total", "u3") > Some(0.0), "{t}");
+    assert_eq!(m("mintgate_field_errors_total", "u1"), Some(0.0), "{t}");
+    assert_eq!(m("mintgate_field_errors_total", "u2"), Some(0.0), "{t}");
+    eprintln!(
+        "RTU polls: u1 {:?}, u2 {:?}, u3 {:?} (errors {:?})",
+        m("mintgate_field_polls_total", "u1"),
+        m("mintgate_field_polls_total", "u2"),
+        m("mintgate_field_polls_total", "u3"),
+        m("mintgate_field_errors_total", "u3"),
+    );
+    drop(s);
+    let _ = slave.kill();
+    let _ = slave.wait();
+}

@@ -23,8 +23,9 @@ pub enum DeviceKind {
     GpioIn,
     /// A GPIO output line (`chip`, `line`).
     GpioOut,
-    /// A Modbus TCP device (`host`, `unit_id`, `timeout`, `retries`,
-    /// `points`): each point is a device `NAME.POINT`.
+    /// A Modbus device, over TCP (`host`) or RTU (`serial`, `baud`,
+    /// `parity`, `stop_bits`), with `unit_id`, `timeout`, `retries` and
+    /// `points`: each point is a device `NAME.POINT`.
     Modbus,
 }
 
@@ -96,6 +97,19 @@ pub struct DeviceSpec {
     /// `modbus`: the device's `host:port` (port 502 when left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// `modbus` over RTU: the serial port (`/dev/ttyUSB0`), instead of `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// `modbus` over RTU: bits per second (default 9600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baud: Option<u32>,
+    /// `modbus` over RTU: `none`, `even` or `odd` (default `even`, the
+    /// specification's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parity: Option<crate::modbus::bus::Parity>,
+    /// `modbus` over RTU: 1 or 2 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_bits: Option<u8>,
     /// `modbus`: the unit identifier (slave id) of its requests (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit_id: Option<u8>,
@@ -168,6 +182,10 @@ impl DeviceSpec {
             history: default_history(),
             seed: None,
             host: None,
+            serial: None,
+            baud: None,
+            parity: None,
+            stop_bits: None,
             unit_id: None,
             timeout: None,
             retries: None,

@@ -257,6 +257,14 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
             ][..],
         ),
         (spec.host.is_some(), "host", &[DeviceKind::Modbus][..]),
+        (spec.serial.is_some(), "serial", &[DeviceKind::Modbus][..]),
+        (spec.baud.is_some(), "baud", &[DeviceKind::Modbus][..]),
+        (spec.parity.is_some(), "parity", &[DeviceKind::Modbus][..]),
+        (
+            spec.stop_bits.is_some(),
+            "stop_bits",
+            &[DeviceKind::Modbus][..],
+        ),
         (spec.unit_id.is_some(), "unit_id", &[DeviceKind::Modbus][..]),
         (spec.timeout.is_some(), "timeout", &[DeviceKind::Modbus][..]),
         (spec.retries.is_some(), "retries", &[DeviceKind::Modbus][..]),
@@ -299,28 +307,33 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
 
 /// A Modbus device's connection settings, checked.
 fn modbus_endpoint(spec: &DeviceSpec) -> Result<crate::modbus::client::Endpoint, DeviceError> {
-    let host = spec
-        .host
-        .as_deref()
-        .ok_or_else(|| cfg_err(spec, "needs `host`, e.g. \"192.0.2.10:502\""))?;
-    // host:port, [v6]:port, or a host alone (port 502)
-    let host = match host.rsplit_once(':') {
-        Some((h, p)) if !h.is_empty() && (!h.contains(':') || h.ends_with(']')) => {
-            p.parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| cfg_err(spec, format!("host: `{p}` is not a port (1-65535)")))?;
-            host.to_string()
+    let (host, serial) = match (spec.host.as_deref(), spec.serial.as_deref()) {
+        (Some(h), None) => (modbus_host(spec, h)?, None),
+        (None, Some(path)) => (path.to_string(), Some(serial_line(spec)?)),
+        (Some(_), Some(_)) => {
+            return Err(cfg_err(spec, "`host` (TCP) or `serial` (RTU), not both"))
         }
-        _ if host.is_empty() || host.contains(char::is_whitespace) => {
+        (None, None) => {
             return Err(cfg_err(
                 spec,
-                format!("host: `{host}` is not a host[:port]"),
+                "needs `host`, e.g. \"192.0.2.10:502\", or `serial`, e.g. \"/dev/ttyUSB0\"",
             ))
         }
-        _ if host.contains(':') => format!("[{host}]:502"),
-        _ => format!("{host}:502"),
     };
+    if serial.is_none() {
+        for (set, key) in [
+            (spec.baud.is_some(), "baud"),
+            (spec.parity.is_some(), "parity"),
+            (spec.stop_bits.is_some(), "stop_bits"),
+        ] {
+            if set {
+                return Err(cfg_err(
+                    spec,
+                    format!("`{key}` is for a serial (RTU) device"),
+                ));
+            }
+        }
+    }
     let timeout = match spec.timeout.as_deref() {
         None => crate::modbus::DEFAULT_TIMEOUT,
         Some(t) => crate::parse::duration(t)
@@ -343,9 +356,55 @@ fn modbus_endpoint(spec: &DeviceSpec) -> Result<crate::modbus::client::Endpoint,
     Ok(crate::modbus::client::Endpoint {
         name: spec.name.clone(),
         host,
+        serial,
         unit_id: spec.unit_id.unwrap_or(1),
         timeout,
         retries,
+    })
+}
+
+/// `host` as `host:port` (port 502 when left out), checked.
+fn modbus_host(spec: &DeviceSpec, host: &str) -> Result<String, DeviceError> {
+    // host:port, [v6]:port, or a host alone
+    Ok(match host.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && (!h.contains(':') || h.ends_with(']')) => {
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| cfg_err(spec, format!("host: `{p}` is not a port (1-65535)")))?;
+            host.to_string()
+        }
+        _ if host.is_empty() || host.contains(char::is_whitespace) => {
+            return Err(cfg_err(
+                spec,
+                format!("host: `{host}` is not a host[:port]"),
+            ))
+        }
+        _ if host.contains(':') => format!("[{host}]:502"),
+        _ => format!("{host}:502"),
+    })
+}
+
+/// An RTU device's serial line settings, checked.
+fn serial_line(spec: &DeviceSpec) -> Result<crate::modbus::bus::SerialLine, DeviceError> {
+    let baud = spec.baud.unwrap_or(9600);
+    if !(300..=4_000_000).contains(&baud) {
+        return Err(cfg_err(
+            spec,
+            format!("baud {baud} is outside 300..=4000000"),
+        ));
+    }
+    let stop_bits = spec.stop_bits.unwrap_or(1);
+    if !(1..=2).contains(&stop_bits) {
+        return Err(cfg_err(
+            spec,
+            format!("stop_bits {stop_bits} is not 1 or 2"),
+        ));
+    }
+    Ok(crate::modbus::bus::SerialLine {
+        baud,
+        parity: spec.parity.unwrap_or(crate::modbus::bus::Parity::Even),
+        stop_bits,
     })
 }
 
@@ -408,8 +467,18 @@ fn modbus_points(
 pub fn check_config(devices: &DevicesConfig, dp: &DirectPathConfig) -> Result<(), DeviceError> {
     devices.store_sync_period()?;
     let mut names = std::collections::HashSet::new();
+    let mut buses = HashMap::new();
     for spec in &devices.list {
         check_spec(spec)?;
+        if let (Some(path), DeviceKind::Modbus) = (&spec.serial, spec.kind) {
+            let line = serial_line(spec)?;
+            if *buses.entry(path.as_str()).or_insert(line) != line {
+                return Err(cfg_err(
+                    spec,
+                    format!("every device on serial port {path} needs the same baud, parity and stop_bits"),
+                ));
+            }
+        }
     }
     for spec in devices.devices() {
         if !names.insert(spec.name.clone()) {
@@ -1255,6 +1324,28 @@ mod tests {
         bad("unit_id = 300", "unit_id");
         bad("signal = \"constant(1)\"", "`signal` does not apply");
         bad("period = \"0.1ms\"", "at least 1ms");
+        bad("serial = \"/dev/ttyS0\"", "not both");
+        bad("baud = 9600", "`baud` is for a serial (RTU) device");
+        // RTU: settings checked, one bus's devices agree on them
+        let rtu = |name: &str, line: &str| {
+            format!(
+                "[[list]]\nname = \"{name}\"\nkind = \"modbus\"\nserial = \"/dev/ttyS9\"\n{line}\n\
+                 [[list.points]]\nname = \"p\"\ntable = \"input\"\naddress = 0\n"
+            )
+        };
+        let check = |text: &str| {
+            let c: DevicesConfig = toml::from_str(text).unwrap();
+            check_config(&c, &DirectPathConfig::default()).map_err(|e| e.to_string())
+        };
+        assert!(check(&rtu("a", "baud = 19200")).is_ok());
+        let e = check(&rtu("a", "baud = 100")).unwrap_err();
+        assert!(e.contains("baud 100 is outside"), "{e}");
+        let e = check(&rtu("a", "stop_bits = 3")).unwrap_err();
+        assert!(e.contains("stop_bits 3"), "{e}");
+        let two = rtu("a", "baud = 19200") + &rtu("b", "baud = 9600");
+        let e = check(&two).unwrap_err();
+        assert!(e.contains("same baud, parity and stop_bits"), "{e}");
+        assert!(check(&(rtu("a", "parity = \"none\"") + &rtu("b", "parity = \"none\""))).is_ok());
         let e = check_spec(&DeviceSpec::new("m", DeviceKind::Modbus)).unwrap_err();
         assert!(e.to_string().contains("needs `host`"), "{e}");
         let mut no_points = DeviceSpec::new("m", DeviceKind::Modbus);

@@ -23,8 +23,10 @@ use crate::driver::{DeviceError, Direction, Driver, EventFn, LinkState, Running}
 pub struct Endpoint {
     /// The device's name (its points are `NAME.POINT`).
     pub name: String,
-    /// `host:port`.
+    /// `host:port`, or the serial port's path for RTU.
     pub host: String,
+    /// RTU: the serial line's settings (`host` is then the port).
+    pub serial: Option<super::bus::SerialLine>,
     /// The unit identifier (slave id) put in every request.
     pub unit_id: u8,
     /// Most time one request (or a connect) may take.
@@ -56,7 +58,7 @@ struct Counters {
 
 /// A request the connection thread carries out.
 #[derive(Clone, Debug, PartialEq)]
-enum Op {
+pub(crate) enum Op {
     Read(Table, u16, u16),
     WriteCoil(u16, bool),
     WriteRegister(u16, u16),
@@ -64,10 +66,18 @@ enum Op {
     MaskRegister(u16, u16, u16),
 }
 
-enum Data {
+pub(crate) enum Data {
     Bits(Vec<bool>),
     Words(Vec<u16>),
     Written,
+}
+
+/// Why one attempt of a request failed.
+pub(crate) enum Attempt {
+    /// An exception response: an answer, not retried.
+    Exception(String),
+    /// No answer, a broken connection or a garbled frame: retried.
+    Failed(String),
 }
 
 struct Write {
@@ -126,6 +136,10 @@ impl Connection {
             stop: Notify::new(),
         });
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let bus = match shared.ep.serial {
+            Some(line) => Some(super::bus::Bus::get(&shared.ep.host, line)?),
+            None => None,
+        };
         let s = shared.clone();
         let thread = Running::spawn(&format!("mb-{}", shared.ep.name), move |_stop| {
             let rt = match tokio::runtime::Builder::new_current_thread()
@@ -139,7 +153,11 @@ impl Connection {
                 }
             };
             rt.block_on(async {
-                let mut link = Link { s: &s, ctx: None };
+                let mut link = Link {
+                    s: &s,
+                    ctx: None,
+                    bus,
+                };
                 tokio::select! {
                     _ = s.stop.notified() => {}
                     _ = link.run(groups, rx) => {}
@@ -189,10 +207,13 @@ impl Shared {
 /// The connection thread's side.
 struct Link<'a> {
     s: &'a Shared,
+    /// TCP: the connection, when up.
     ctx: Option<Context>,
+    /// RTU: the bus the device is on.
+    bus: Option<Arc<super::bus::Bus>>,
 }
 
-async fn exec(ctx: &mut Context, op: &Op) -> tokio_modbus::Result<Data> {
+pub(crate) async fn exec(ctx: &mut Context, op: &Op) -> tokio_modbus::Result<Data> {
     Ok(match op {
         Op::Read(Table::Coil, a, n) => ctx.read_coils(*a, *n).await?.map(Data::Bits),
         Op::Read(Table::DiscreteInput, a, n) => {
@@ -238,7 +259,6 @@ impl Link<'_> {
         match tokio::time::timeout(ep.timeout, attempt).await {
             Ok(Ok(ctx)) => {
                 self.ctx = Some(ctx);
-                c.connected.store(true, Ordering::Relaxed);
                 Ok(())
             }
             Ok(Err(e)) => Err(format!("connecting to {}: {e}", ep.host)),
@@ -249,30 +269,53 @@ impl Link<'_> {
         }
     }
 
-    /// One request with the device's timeout and retries; a broken or
+    /// One attempt over TCP: connects first when needed; a broken or
     /// timed-out connection is dropped (a late answer would be taken for
-    /// the next request's) and the next attempt connects anew.
+    /// the next request's), so that the next attempt connects anew.
+    async fn attempt_tcp(&mut self, op: &Op) -> Result<Data, Attempt> {
+        let ep = &self.s.ep;
+        if self.ctx.is_none() {
+            self.connect().await.map_err(Attempt::Failed)?;
+        }
+        let Some(ctx) = self.ctx.as_mut() else {
+            return Err(Attempt::Failed("not connected".into()));
+        };
+        let why = match tokio::time::timeout(ep.timeout, exec(ctx, op)).await {
+            Ok(Ok(Ok(d))) => return Ok(d),
+            Ok(Ok(Err(code))) => {
+                return Err(Attempt::Exception(format!("{op:?}: exception {code}")))
+            }
+            Ok(Err(e)) => format!("{op:?}: {e}"),
+            Err(_) => format!("{op:?}: no answer within {:?}", ep.timeout),
+        };
+        self.ctx = None;
+        Err(Attempt::Failed(why))
+    }
+
+    /// One request with the device's timeout and retries.
     async fn request(&mut self, op: &Op) -> Result<Data, String> {
         let ep = &self.s.ep;
         let mut why = String::new();
         for _ in 0..=ep.retries {
-            if self.ctx.is_none() {
-                if let Err(e) = self.connect().await {
+            let r = match &self.bus {
+                Some(bus) => bus.call(ep.unit_id, op, ep.timeout).await,
+                None => self.attempt_tcp(op).await,
+            };
+            let connected = &self.s.counters.connected;
+            match r {
+                Ok(d) => {
+                    connected.store(true, Ordering::Relaxed);
+                    return Ok(d);
+                }
+                Err(Attempt::Exception(e)) => {
+                    connected.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                Err(Attempt::Failed(e)) => {
+                    connected.store(false, Ordering::Relaxed);
                     why = e;
-                    continue;
                 }
             }
-            let Some(ctx) = self.ctx.as_mut() else {
-                continue;
-            };
-            match tokio::time::timeout(ep.timeout, exec(ctx, op)).await {
-                Ok(Ok(Ok(d))) => return Ok(d),
-                Ok(Ok(Err(code))) => return Err(format!("{op:?}: exception {code}")),
-                Ok(Err(e)) => why = format!("{op:?}: {e}"),
-                Err(_) => why = format!("{op:?}: no answer within {:?}", ep.timeout),
-            }
-            self.ctx = None;
-            self.s.counters.connected.store(false, Ordering::Relaxed);
         }
         Err(why)
     }
@@ -514,6 +557,7 @@ mod tests {
             name: "dead".into(),
             // nothing listens on port 1 of loopback: every request fails
             host: "127.0.0.1:1".into(),
+            serial: None,
             unit_id: 1,
             timeout: Duration::from_millis(200),
             retries: 0,

@@ -1,18 +1,21 @@
 //! Modbus field devices: a `[[devices.list]]` entry of `kind = "modbus"`
 //! is one Modbus TCP server (a meter, a PLC, a gateway to an RS-485 bus)
-//! with its points; each point becomes a device of its own (`DEV.POINT`),
+//! or one unit on a serial (RTU) bus, with its points; each point becomes a device of its own (`DEV.POINT`),
 //! a sensor or, when `writable`, an actuator, with its CoAP resource,
 //! history, direct-path input and bridge topics like any other device.
 //!
 //! - [`value`]: types, byte and word orders, scale and offset.
 //! - [`plan`]: which points are read in one request.
-//! - [`client`]: the connection's own thread (polls, writes, reconnects)
+//! - [`client`]: the device's own thread (polls, writes, reconnects)
 //!   and the point drivers.
+//! - [`bus`]: an RTU serial bus shared by the devices on it.
 //!
 //! The protocol is the Modbus Application Protocol Specification V1.1b3
 //! and, for TCP, the Modbus Messaging on TCP/IP Implementation Guide
-//! V1.0b; the framing is `tokio-modbus`'s.
+//! V1.0b, for RTU the Modbus over Serial Line Specification V1.02; the
+//! framing is `tokio-modbus`'s, the serial port `tokio-serial`'s.
 
+pub mod bus;
 pub mod client;
 pub mod value;
 
