@@ -309,6 +309,16 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
         polls(&after, "dead") - polls(&before, "dead"),
     );
     assert!(made >= 0.8 * expected, "{made} of {expected} polls");
+    let late = metric(
+        &after,
+        "mintgate_field_poll_lateness_seconds{connection=\"plc\",quantile=\"0.99\"}",
+    )
+    .unwrap();
+    // a device's requests go one at a time on its connection: the sixth
+    // request of a cycle waits for the five before it (pymodbus takes a
+    // few ms each), never for the dead or mute device
+    eprintln!("plc: poll lateness p99 {:.2} ms", late * 1e3);
+    assert!(late < 0.1, "polls started {late} s late at p99");
     let errors = |c: &str| {
         metric(
             &after,

@@ -85,6 +85,13 @@ pub struct LinkState {
     pub connects: u64,
     /// Polls skipped because the one before took longer than a period.
     pub skipped: u64,
+    /// How late polls started after they were due: median, 99th
+    /// percentile and most, in ns (log-linear buckets, 12.5 % wide).
+    pub late_p50_ns: u64,
+    /// See `late_p50_ns`.
+    pub late_p99_ns: u64,
+    /// See `late_p50_ns`.
+    pub late_max_ns: u64,
     /// The last error, if any.
     pub last_error: Option<String>,
 }

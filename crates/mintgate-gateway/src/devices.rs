@@ -463,11 +463,30 @@ fn render_link_metrics(m: &DeviceManager, out: &mut String) {
             |l| l.skipped,
         ),
     ];
+    let label = |c: &str| c.replace('\\', "\\\\").replace('"', "\\\"");
     for (name, kind, help, get) in series {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (c, l) in &links {
-            let c = c.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(out, "{name}{{connection=\"{c}\"}} {}", get(l));
+            let _ = writeln!(out, "{name}{{connection=\"{}\"}} {}", label(c), get(l));
+        }
+    }
+    let n = "mintgate_field_poll_lateness_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {n} How late polls started after they were due (log-linear histogram, 12.5 % buckets).\n# TYPE {n} gauge"
+    );
+    for (c, l) in &links {
+        for (q, v) in [
+            ("0.5", l.late_p50_ns),
+            ("0.99", l.late_p99_ns),
+            ("1", l.late_max_ns),
+        ] {
+            let _ = writeln!(
+                out,
+                "{n}{{connection=\"{}\",quantile=\"{q}\"}} {}",
+                label(c),
+                v as f64 * 1e-9
+            );
         }
     }
 }
@@ -499,6 +518,7 @@ pub fn devices_state(m: &DeviceManager) -> serde_json::Value {
                     "errors": l.errors,
                     "connects": l.connects,
                     "skipped": l.skipped,
+                    "late_p99_us": l.late_p99_ns as f64 / 1e3,
                     "last_error": l.last_error,
                 })),
             })

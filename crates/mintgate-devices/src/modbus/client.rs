@@ -53,6 +53,9 @@ struct Counters {
     errors: AtomicU64,
     connects: AtomicU64,
     skipped: AtomicU64,
+    /// How late each poll started after it was due (the device's thread
+    /// is its only writer).
+    lateness: crate::directpath::histogram::Histogram,
     last_error: Mutex<Option<String>>,
 }
 
@@ -188,6 +191,9 @@ impl Connection {
             errors: c.errors.load(Ordering::Relaxed),
             connects: c.connects.load(Ordering::Relaxed),
             skipped: c.skipped.load(Ordering::Relaxed),
+            late_p50_ns: c.lateness.quantile(0.5),
+            late_p99_ns: c.lateness.quantile(0.99),
+            late_max_ns: c.lateness.max(),
             last_error: c.last_error.lock().clone(),
         }
     }
@@ -393,6 +399,11 @@ impl Link<'_> {
                 if *d > now {
                     continue;
                 }
+                let late = Instant::now().saturating_duration_since(*d);
+                self.s
+                    .counters
+                    .lateness
+                    .record(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
                 self.poll(g).await;
                 *d += g.period;
                 let after = Instant::now();
