@@ -5,6 +5,10 @@ known values, driven through stdin by the test.
     python modbus_peer.py PORT
     python modbus_peer.py rtu TTY    (an RTU server on a serial port; units
                                       1 and 2; no commands)
+    python modbus_peer.py many PORT,... REGS   (one server per port, in this
+                                      one process, each with REGS holding
+                                      registers counting up; no commands:
+                                      scripts/bench-modbus.sh)
 
 Prints "ready" once it serves. Then one command a line, each answered with
 one line ("ok", or the values asked for), all carried out by pymodbus's own
@@ -113,8 +117,25 @@ async def main(port):
     serving.cancel()
 
 
+async def many(ports, regs):
+    servers = []
+    for port in ports:
+        block = ModbusSequentialDataBlock(1, [i % 65536 for i in range(regs)])
+        ctx = ModbusServerContext(devices={1: ModbusDeviceContext(hr=block)}, single=False)
+        server = ModbusTcpServer(ctx, address=("127.0.0.1", port))
+        servers.append(asyncio.create_task(server.serve_forever()))
+    await asyncio.sleep(0.5)
+    print("ready", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)
+    for s in servers:
+        s.cancel()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "rtu":
+    if sys.argv[1] == "many":
+        asyncio.run(many([int(p) for p in sys.argv[2].split(",")], int(sys.argv[3])))
+    elif sys.argv[1] == "rtu":
         asyncio.run(rtu(sys.argv[2]))
     else:
         asyncio.run(main(int(sys.argv[1])))
