@@ -332,10 +332,19 @@ impl Link<'_> {
         let r = self.request(&Op::Read(g.table, g.start, g.count)).await;
         let t = crate::clock::now_ns();
         let n = usize::from(g.count);
+        let short = match &r {
+            Ok(Data::Bits(b)) => b.len() < n,
+            Ok(Data::Words(w)) => w.len() < n,
+            Ok(Data::Written) => true,
+            Err(_) => false,
+        };
+        let r = if short {
+            Err(format!("{n} items asked, fewer answered"))
+        } else {
+            r
+        };
         let data = match r {
-            Ok(Data::Bits(b)) if b.len() >= n => Data::Bits(b),
-            Ok(Data::Words(w)) if w.len() >= n => Data::Words(w),
-            Ok(_) => Data::Written,
+            Ok(d) => d,
             Err(e) => {
                 self.s.fail(&e);
                 for &i in &g.points {
@@ -346,11 +355,6 @@ impl Link<'_> {
                 return;
             }
         };
-        if matches!(data, Data::Written) {
-            self.s
-                .fail(&format!("{} items asked, fewer answered", g.count));
-            return;
-        }
         for &i in &g.points {
             let p = &self.s.points[i];
             let off = usize::from(p.spec.address - g.start);
