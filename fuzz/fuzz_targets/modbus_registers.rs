@@ -37,7 +37,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     if v.is_finite() && !(v == 0.0 && v.is_sign_negative()) {
-        assert_eq!(layout.encode(v).as_deref(), Ok(&words[..n]), "{layout:?} {v}");
+        assert_eq!(
+            layout.encode(v).as_deref(),
+            Ok(&words[..n]),
+            "{layout:?} {v}"
+        );
     }
     // a scaled value never panics either way
     let scaled = Layout {
