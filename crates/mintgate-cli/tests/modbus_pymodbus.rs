@@ -51,9 +51,11 @@ struct Peer {
 }
 
 impl Peer {
-    fn start(py: &PathBuf) -> Peer {
+    /// On `port`, or on a free one (tried a few times: a port found free
+    /// may be taken before the server binds it).
+    fn start(py: &PathBuf, port: Option<u16>) -> Peer {
         for _ in 0..5 {
-            let port = free_tcp();
+            let port = port.unwrap_or_else(free_tcp);
             let mut child = Command::new(py)
                 .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/modbus_peer.py"))
                 .arg(port.to_string())
@@ -78,7 +80,6 @@ impl Peer {
                 lines,
                 port,
             };
-            // a port found free may be taken before the server binds it
             if p.lines.recv_timeout(Duration::from_secs(20)).as_deref() == Ok("ready") {
                 return p;
             }
@@ -121,7 +122,7 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
     let Some(py) = python() else {
         return;
     };
-    let mut peer = Peer::start(&py);
+    let mut peer = Peer::start(&py, None);
     // a server that accepts and never answers, and a port nothing listens on
     let mute = TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = closed_port(true);
@@ -168,12 +169,21 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
     }
     for (name, port, timeout) in [
         ("dead", dead, "500ms"),
+        // an address the server does not have: exception responses
+        ("bad", peer.port, "1s"),
         ("mute", mute.local_addr().unwrap().port(), "1s"),
     ] {
         cfg.push_str(&format!(
             "[[devices.list]]\nname = \"{name}\"\nkind = \"modbus\"\nhost = \"127.0.0.1:{port}\"\n\
              timeout = \"{timeout}\"\nperiod = \"50ms\"\n{}",
-            point("x", "table = \"holding\"\naddress = 0")
+            point(
+                "x",
+                if name == "bad" {
+                    "table = \"holding\"\naddress = 1000"
+                } else {
+                    "table = \"holding\"\naddress = 0"
+                }
+            )
         ));
     }
     // the direct path from a register to a coil
@@ -359,6 +369,32 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
     );
     assert_eq!(row("plc.count")["connected"], true);
     assert_eq!(row("plc.count")["connection"], "plc");
+    // an exception response: counted, said, and the connection kept
+    let bad = row("bad.x");
+    let bad_err = bad["last_error"].as_str().unwrap_or("").to_string();
+    assert!(bad_err.contains("exception"), "{bad_err}");
+    assert_eq!(bad["connected"], true);
+    assert!(errors("bad") > 0.0);
+    assert_eq!(get("sensors/bad.x"), None);
+
+    // the server stops and comes back on its port: reported, then recovered
+    // from without a restart of the gateway
+    let port = peer.port;
+    drop(peer);
+    let errs = || {
+        let t = m();
+        metric(&t, "mintgate_field_errors_total{connection=\"plc\"}").unwrap_or(0.0)
+    };
+    assert!(wait_until(Duration::from_secs(10), || (errs() > 0.0).then_some(())).is_some());
+    assert_eq!(get("sensors/plc.count"), None);
+    let _peer = Peer::start(&py, Some(port));
+    let back = wait_until(Duration::from_secs(10), || get("sensors/plc.count"));
+    assert_eq!(back.as_deref(), Some("1234"), "a fresh server's value");
+    let t = m();
+    assert_eq!(
+        metric(&t, "mintgate_field_connected{connection=\"plc\"}"),
+        Some(1.0)
+    );
     drop(mute);
 }
 

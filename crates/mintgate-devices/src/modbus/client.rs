@@ -346,12 +346,14 @@ impl Link<'_> {
         let data = match r {
             Ok(d) => d,
             Err(e) => {
-                self.s.fail(&e);
+                // the values go before the error is counted: whoever sees
+                // the count sees no stale value
                 for &i in &g.points {
                     self.s.points[i]
                         .value
                         .store(f64::NAN.to_bits(), Ordering::Relaxed);
                 }
+                self.s.fail(&e);
                 return;
             }
         };
