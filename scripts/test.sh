@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s (at %dm%02ds)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 # Debian packages the tests need. apt-get update first: a new machine's lists are empty.
-PKGS=(libcoap3-bin mosquitto mosquitto-clients valgrind libssl-dev pkg-config)
+PKGS=(libcoap3-bin mosquitto mosquitto-clients valgrind libssl-dev pkg-config socat)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -71,6 +71,15 @@ fi
 if [ ! -x target/py-venv/bin/amqtt ]; then
   step "installing amqtt into target/py-venv"
   target/py-venv/bin/pip install -q 'amqtt==0.12.1'
+fi
+
+# pymodbus: a Modbus TCP server and RTU slave no one here wrote, for the
+# Modbus devices' interop tests (tests/modbus_pymodbus.rs,
+# tests/modbus_peer.py; the RTU one on a pty pair from Debian's socat);
+# its serial extra is pyserial
+if ! target/py-venv/bin/python -c 'import pymodbus, serial' 2>/dev/null; then
+  step "installing pymodbus[serial] into target/py-venv"
+  target/py-venv/bin/pip install -q 'pymodbus[serial]>=3.16,<3.17'
 fi
 
 # The MQTT lab's peer: Eclipse Paho (Java), the paper's client, built with

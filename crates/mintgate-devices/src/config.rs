@@ -23,6 +23,10 @@ pub enum DeviceKind {
     GpioIn,
     /// A GPIO output line (`chip`, `line`).
     GpioOut,
+    /// A Modbus device, over TCP (`host`) or RTU (`serial`, `baud`,
+    /// `parity`, `stop_bits`), with `unit_id`, `timeout`, `retries` and
+    /// `points`: each point is a device `NAME.POINT`.
+    Modbus,
 }
 
 impl DeviceKind {
@@ -90,6 +94,35 @@ pub struct DeviceSpec {
     /// sample of a sensor), e.g. `"10s"`; absent: notify on change only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify_every: Option<String>,
+    /// `modbus`: the device's `host:port` (port 502 when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// `modbus` over RTU: the serial port (`/dev/ttyUSB0`), instead of `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// `modbus` over RTU: bits per second (default 9600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baud: Option<u32>,
+    /// `modbus` over RTU: `none`, `even` or `odd` (default `even`, the
+    /// specification's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parity: Option<crate::modbus::bus::Parity>,
+    /// `modbus` over RTU: 1 or 2 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_bits: Option<u8>,
+    /// `modbus`: the unit identifier (slave id) of its requests (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_id: Option<u8>,
+    /// `modbus`: most time a request (or a connect) may take (default `1s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// `modbus`: further attempts of a request that timed out or whose
+    /// connection failed, 0-10 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    /// `modbus`: its points (`[[devices.list.points]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub points: Vec<crate::modbus::PointSpec>,
 }
 
 impl DeviceSpec {
@@ -117,6 +150,9 @@ impl DeviceSpec {
         let period = match (self.kind, self.period.as_deref()) {
             (DeviceKind::SimSensor, None) => Some(Ok(SIM_DEFAULT_PERIOD)),
             (DeviceKind::SimSensor | DeviceKind::AttrSensor, p) => p.map(crate::parse::duration),
+            (DeviceKind::Modbus, p) => {
+                Some(p.map_or(Ok(crate::modbus::DEFAULT_PERIOD), crate::parse::duration))
+            }
             _ => None,
         };
         match period {
@@ -145,7 +181,46 @@ impl DeviceSpec {
             rt: None,
             history: default_history(),
             seed: None,
+            host: None,
+            serial: None,
+            baud: None,
+            parity: None,
+            stop_bits: None,
+            unit_id: None,
+            timeout: None,
+            retries: None,
+            points: Vec::new(),
         }
+    }
+
+    /// Whether it is an actuator: by its kind, and for a Modbus point (a
+    /// declaration [`DeviceSpec::expand`] made) by its `writable`.
+    pub fn is_actuator(&self) -> bool {
+        match self.kind {
+            DeviceKind::Modbus => self.points.len() == 1 && self.points[0].writable,
+            k => k.is_actuator(),
+        }
+    }
+
+    /// The devices the declaration makes: itself, or for a Modbus device
+    /// one per point, named `NAME.POINT`, with the point's period (else
+    /// the device's, else 1 s) and unit (else the device's), and only that
+    /// point in `points`.
+    pub fn expand(&self) -> Vec<DeviceSpec> {
+        if self.kind != DeviceKind::Modbus {
+            return vec![self.clone()];
+        }
+        self.points
+            .iter()
+            .map(|p| {
+                let mut d = self.clone();
+                d.name = format!("{}.{}", self.name, p.name);
+                d.period = p.period.clone().or_else(|| self.period.clone());
+                d.unit = p.unit.clone().or_else(|| self.unit.clone());
+                d.points = vec![p.clone()];
+                d
+            })
+            .collect()
     }
 }
 
@@ -171,6 +246,12 @@ pub struct DevicesConfig {
 }
 
 impl DevicesConfig {
+    /// Every device the list makes: each declaration, a Modbus device's
+    /// points in its place ([`DeviceSpec::expand`]).
+    pub fn devices(&self) -> Vec<DeviceSpec> {
+        self.list.iter().flat_map(DeviceSpec::expand).collect()
+    }
+
     /// `store_sync` as a duration (the default when absent); an error
     /// names the key.
     pub fn store_sync_period(&self) -> Result<std::time::Duration, crate::DeviceError> {

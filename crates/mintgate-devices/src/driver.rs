@@ -59,6 +59,41 @@ pub enum DeviceError {
     /// A device with that name already exists.
     #[error("a device named `{0}` already exists")]
     Exists(String),
+    /// A field device (Modbus) did not answer, or answered with an error.
+    #[error("{0}")]
+    Field(String),
+}
+
+/// The state of the connection behind a field device's point, for the
+/// dashboard and `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkState {
+    /// The connection's name (the `[[devices.list]]` entry).
+    pub connection: String,
+    /// Where it goes (`host:port`).
+    pub endpoint: String,
+    /// Whether it is connected now.
+    pub connected: bool,
+    /// Read requests made.
+    pub polls: u64,
+    /// Write requests made.
+    pub writes: u64,
+    /// Requests that failed after their retries, exception responses
+    /// among them.
+    pub errors: u64,
+    /// Connection attempts.
+    pub connects: u64,
+    /// Polls skipped because the one before took longer than a period.
+    pub skipped: u64,
+    /// How late polls started after they were due: median, 99th
+    /// percentile and most, in ns (log-linear buckets, 12.5 % wide).
+    pub late_p50_ns: u64,
+    /// See `late_p50_ns`.
+    pub late_p99_ns: u64,
+    /// See `late_p50_ns`.
+    pub late_max_ns: u64,
+    /// The last error, if any.
+    pub last_error: Option<String>,
 }
 
 /// A device driver. Implementations are shared between threads: reads and
@@ -75,11 +110,22 @@ pub trait Driver: Send + Sync + 'static {
     fn write(&self, _value: f64) -> Result<(), DeviceError> {
         Err(DeviceError::NotWritable)
     }
+    /// Sets an actuator from the direct path's worker, which must not wait
+    /// on a remote device: a driver whose `write` waits for a device's
+    /// answer (Modbus) queues the write here and returns, counting a
+    /// failure in its own state. The default is `write`.
+    fn submit(&self, value: f64) -> Result<(), DeviceError> {
+        self.write(value)
+    }
     /// Starts delivering values to `events` (sampling ticks, edges). The
     /// returned guard stops the delivery when dropped; `None` means the
     /// driver produces no events of its own.
     fn start(&self, _events: EventFn) -> Result<Option<Running>, DeviceError> {
         Ok(None)
+    }
+    /// The connection behind the device, for a field device.
+    fn link(&self) -> Option<LinkState> {
+        None
     }
 }
 

@@ -9,6 +9,7 @@
 //!   open (`pread`/`pwrite`).
 //! - [`gpio`]: Linux GPIO character devices through `gpiocdev` (uAPI v2 edge
 //!   events with kernel timestamps; output lines).
+//! - [`modbus`]: Modbus TCP devices, each point a device of its own.
 //! - [`manager`]: the finder/linker: devices declared in the config or added
 //!   through the API, started, looked up and removed at run time, each with
 //!   its latest value and a bounded history.
@@ -32,10 +33,11 @@ pub mod driver;
 pub mod gpio;
 pub mod history;
 pub mod manager;
+pub mod modbus;
 pub mod parse;
 pub mod sim;
 pub mod store;
 
 pub use config::{DeviceKind, DeviceSpec, DevicesConfig};
-pub use driver::{DeviceError, Direction, Driver, EventFn, Running};
+pub use driver::{DeviceError, Direction, Driver, EventFn, LinkState, Running};
 pub use manager::{Device, DeviceManager};

@@ -250,8 +250,25 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
         (
             spec.period.is_some(),
             "period",
-            &[DeviceKind::SimSensor, DeviceKind::AttrSensor][..],
+            &[
+                DeviceKind::SimSensor,
+                DeviceKind::AttrSensor,
+                DeviceKind::Modbus,
+            ][..],
         ),
+        (spec.host.is_some(), "host", &[DeviceKind::Modbus][..]),
+        (spec.serial.is_some(), "serial", &[DeviceKind::Modbus][..]),
+        (spec.baud.is_some(), "baud", &[DeviceKind::Modbus][..]),
+        (spec.parity.is_some(), "parity", &[DeviceKind::Modbus][..]),
+        (
+            spec.stop_bits.is_some(),
+            "stop_bits",
+            &[DeviceKind::Modbus][..],
+        ),
+        (spec.unit_id.is_some(), "unit_id", &[DeviceKind::Modbus][..]),
+        (spec.timeout.is_some(), "timeout", &[DeviceKind::Modbus][..]),
+        (spec.retries.is_some(), "retries", &[DeviceKind::Modbus][..]),
+        (!spec.points.is_empty(), "points", &[DeviceKind::Modbus][..]),
     ] {
         if set && !kinds.contains(&k) {
             return Err(cfg_err(
@@ -276,12 +293,170 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
         DeviceKind::GpioIn | DeviceKind::GpioOut if spec.line.is_none() => {
             return Err(cfg_err(spec, "needs `line` (an offset or a line name)"));
         }
+        DeviceKind::Modbus => {
+            modbus_endpoint(spec)?;
+            modbus_points(spec)?;
+        }
         _ => {}
     }
     if let Some(d) = &spec.debounce {
         crate::parse::duration(d).map_err(|e| cfg_err(spec, format!("debounce: {e}")))?;
     }
     Ok(())
+}
+
+/// A Modbus device's connection settings, checked.
+fn modbus_endpoint(spec: &DeviceSpec) -> Result<crate::modbus::client::Endpoint, DeviceError> {
+    let (host, serial) = match (spec.host.as_deref(), spec.serial.as_deref()) {
+        (Some(h), None) => (modbus_host(spec, h)?, None),
+        (None, Some(path)) => (path.to_string(), Some(serial_line(spec)?)),
+        (Some(_), Some(_)) => {
+            return Err(cfg_err(spec, "`host` (TCP) or `serial` (RTU), not both"))
+        }
+        (None, None) => {
+            return Err(cfg_err(
+                spec,
+                "needs `host`, e.g. \"192.0.2.10:502\", or `serial`, e.g. \"/dev/ttyUSB0\"",
+            ))
+        }
+    };
+    if serial.is_none() {
+        for (set, key) in [
+            (spec.baud.is_some(), "baud"),
+            (spec.parity.is_some(), "parity"),
+            (spec.stop_bits.is_some(), "stop_bits"),
+        ] {
+            if set {
+                return Err(cfg_err(
+                    spec,
+                    format!("`{key}` is for a serial (RTU) device"),
+                ));
+            }
+        }
+    }
+    let timeout = match spec.timeout.as_deref() {
+        None => crate::modbus::DEFAULT_TIMEOUT,
+        Some(t) => crate::parse::duration(t)
+            .map_err(|e| cfg_err(spec, format!("timeout: {e}")))
+            .and_then(|d| {
+                if (Duration::from_millis(1)..=Duration::from_secs(60)).contains(&d) {
+                    Ok(d)
+                } else {
+                    Err(cfg_err(spec, format!("timeout `{t}` is outside 1ms..=60s")))
+                }
+            })?,
+    };
+    let retries = spec.retries.unwrap_or(crate::modbus::DEFAULT_RETRIES);
+    if retries > 10 {
+        return Err(cfg_err(
+            spec,
+            format!("retries {retries} is outside 0..=10"),
+        ));
+    }
+    Ok(crate::modbus::client::Endpoint {
+        name: spec.name.clone(),
+        host,
+        serial,
+        unit_id: spec.unit_id.unwrap_or(1),
+        timeout,
+        retries,
+    })
+}
+
+/// `host` as `host:port` (port 502 when left out), checked.
+fn modbus_host(spec: &DeviceSpec, host: &str) -> Result<String, DeviceError> {
+    // host:port, [v6]:port, or a host alone
+    Ok(match host.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && (!h.contains(':') || h.ends_with(']')) => {
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| cfg_err(spec, format!("host: `{p}` is not a port (1-65535)")))?;
+            host.to_string()
+        }
+        _ if host.is_empty() || host.contains(char::is_whitespace) => {
+            return Err(cfg_err(
+                spec,
+                format!("host: `{host}` is not a host[:port]"),
+            ))
+        }
+        _ if host.contains(':') => format!("[{host}]:502"),
+        _ => format!("{host}:502"),
+    })
+}
+
+/// An RTU device's serial line settings, checked.
+fn serial_line(spec: &DeviceSpec) -> Result<crate::modbus::bus::SerialLine, DeviceError> {
+    let baud = spec.baud.unwrap_or(9600);
+    if !(300..=4_000_000).contains(&baud) {
+        return Err(cfg_err(
+            spec,
+            format!("baud {baud} is outside 300..=4000000"),
+        ));
+    }
+    let stop_bits = spec.stop_bits.unwrap_or(1);
+    if !(1..=2).contains(&stop_bits) {
+        return Err(cfg_err(
+            spec,
+            format!("stop_bits {stop_bits} is not 1 or 2"),
+        ));
+    }
+    Ok(crate::modbus::bus::SerialLine {
+        baud,
+        parity: spec.parity.unwrap_or(crate::modbus::bus::Parity::Even),
+        stop_bits,
+    })
+}
+
+/// A Modbus device's points, checked, each with its poll period.
+fn modbus_points(
+    spec: &DeviceSpec,
+) -> Result<Vec<(crate::modbus::PointSpec, Duration)>, DeviceError> {
+    use crate::modbus::{check_point, DEFAULT_PERIOD, MAX_POINTS, MIN_PERIOD};
+    if !(1..=MAX_POINTS).contains(&spec.points.len()) {
+        return Err(cfg_err(
+            spec,
+            format!(
+                "needs 1 to {MAX_POINTS} `points` ([[devices.list.points]]), has {}",
+                spec.points.len()
+            ),
+        ));
+    }
+    let mut names = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(spec.points.len());
+    for p in &spec.points {
+        check_point(p).map_err(|e| cfg_err(spec, e))?;
+        if !crate::directpath::link::valid_name(&p.name)
+            || !crate::directpath::link::valid_name(&format!("{}.{}", spec.name, p.name))
+        {
+            return Err(cfg_err(
+                spec,
+                format!(
+                    "point `{}`: the device `{}.{}` needs a name of 1-32 of A-Z a-z 0-9 _ - .",
+                    p.name, spec.name, p.name
+                ),
+            ));
+        }
+        if !names.insert(p.name.as_str()) {
+            return Err(cfg_err(
+                spec,
+                format!("point `{}` is declared twice", p.name),
+            ));
+        }
+        let period = match p.period.as_deref().or(spec.period.as_deref()) {
+            None => DEFAULT_PERIOD,
+            Some(t) => crate::parse::duration(t)
+                .map_err(|e| cfg_err(spec, format!("point `{}`: period: {e}", p.name)))?,
+        };
+        if period < MIN_PERIOD {
+            return Err(cfg_err(
+                spec,
+                format!("point `{}`: a period is at least {MIN_PERIOD:?}", p.name),
+            ));
+        }
+        out.push((p.clone(), period));
+    }
+    Ok(out)
 }
 
 /// Checks a whole `[devices]` and `[directpath]` configuration without
@@ -292,10 +467,22 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
 pub fn check_config(devices: &DevicesConfig, dp: &DirectPathConfig) -> Result<(), DeviceError> {
     devices.store_sync_period()?;
     let mut names = std::collections::HashSet::new();
+    let mut buses = HashMap::new();
     for spec in &devices.list {
         check_spec(spec)?;
-        if !names.insert(spec.name.as_str()) {
-            return Err(DeviceError::Exists(spec.name.clone()));
+        if let (Some(path), DeviceKind::Modbus) = (&spec.serial, spec.kind) {
+            let line = serial_line(spec)?;
+            if *buses.entry(path.as_str()).or_insert(line) != line {
+                return Err(cfg_err(
+                    spec,
+                    format!("every device on serial port {path} needs the same baud, parity and stop_bits"),
+                ));
+            }
+        }
+    }
+    for spec in devices.devices() {
+        if !names.insert(spec.name.clone()) {
+            return Err(DeviceError::Exists(spec.name));
         }
     }
     if dp.priority > 99 {
@@ -359,10 +546,10 @@ pub fn check_links(
     dp: &DirectPathConfig,
     output_kinds: &[&str],
 ) -> Result<Vec<(String, String)>, DeviceError> {
-    let kinds: HashMap<&str, DeviceKind> = devices
-        .list
+    let all = devices.devices();
+    let kinds: HashMap<&str, bool> = all
         .iter()
-        .map(|s| (s.name.as_str(), s.kind))
+        .map(|s| (s.name.as_str(), s.is_actuator()))
         .collect();
     let mut custom = Vec::new();
     for l in &dp.links {
@@ -370,16 +557,14 @@ pub fn check_links(
         let err = |why: String| link_err(l, why);
         match kinds.get(spec.input.as_str()) {
             None => return Err(err(format!("no device named `{}`", spec.input))),
-            Some(k) if k.is_actuator() => return Err(err(not_an_input(&spec.input))),
+            Some(true) => return Err(err(not_an_input(&spec.input))),
             Some(_) => {}
         }
         for o in &spec.outputs {
             match o {
                 OutputSpec::Actuator(n) => match kinds.get(n.as_str()) {
                     None => return Err(err(format!("no device named `{n}`"))),
-                    Some(k) if !k.is_actuator() => {
-                        return Err(err(format!("`{n}` is a sensor, not an actuator")))
-                    }
+                    Some(false) => return Err(err(format!("`{n}` is a sensor, not an actuator"))),
                     Some(_) => {}
                 },
                 OutputSpec::Notify(n) if !kinds.contains_key(n.as_str()) => {
@@ -465,6 +650,12 @@ pub fn build_driver(spec: &DeviceSpec) -> Result<Arc<dyn Driver>, DeviceError> {
             let (chip, off) = gpio()?;
             Arc::new(crate::gpio::GpioOut::open(&chip, off)?)
         }
+        DeviceKind::Modbus => {
+            return Err(cfg_err(
+                spec,
+                "a Modbus device's points share its connection: add it with DeviceManager::add_all",
+            ))
+        }
     })
 }
 
@@ -540,7 +731,7 @@ impl DeviceManager {
             .transpose()?;
         let m = DeviceManager::with_store(dp, store)?;
         for spec in &devices.list {
-            m.add(spec.clone())?;
+            m.add_all(spec.clone())?;
         }
         m.add_links(&dp.links)?;
         Ok(m)
@@ -565,13 +756,56 @@ impl DeviceManager {
         &self.inner.dp
     }
 
-    /// Adds and starts a device.
+    /// Adds and starts the devices a declaration makes: itself, or a
+    /// Modbus device's points (all or none: the first that cannot be added
+    /// removes those added before it).
+    pub fn add_all(&self, spec: DeviceSpec) -> Result<Vec<Arc<Device>>, DeviceError> {
+        if spec.kind != DeviceKind::Modbus {
+            return self.add(spec).map(|d| vec![d]);
+        }
+        check_spec(&spec)?;
+        spec.notify_period()?;
+        let specs = spec.expand();
+        for s in &specs {
+            if self.inner.devices.read().contains_key(&s.name) {
+                return Err(DeviceError::Exists(s.name.clone()));
+            }
+        }
+        let drivers = crate::modbus::client::Connection::start(
+            modbus_endpoint(&spec)?,
+            modbus_points(&spec)?,
+        )?;
+        let mut added = Vec::with_capacity(specs.len());
+        for (s, d) in specs.into_iter().zip(drivers) {
+            match self.insert(s, Arc::new(d)) {
+                Ok(dev) => added.push(dev),
+                Err(e) => {
+                    for dev in &added {
+                        let _ = self.remove(dev.name());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(added)
+    }
+
+    /// Adds and starts a device (a Modbus device: [`DeviceManager::add_all`]).
     pub fn add(&self, spec: DeviceSpec) -> Result<Arc<Device>, DeviceError> {
         if self.inner.devices.read().contains_key(&spec.name) {
             return Err(DeviceError::Exists(spec.name));
         }
         spec.notify_period()?;
         let driver = build_driver(&spec)?;
+        self.insert(spec, driver)
+    }
+
+    /// Adds a device with its driver built, and starts it.
+    fn insert(
+        &self,
+        spec: DeviceSpec,
+        driver: Arc<dyn Driver>,
+    ) -> Result<Arc<Device>, DeviceError> {
         let dev = Arc::new(Device {
             input: self.inner.next_input.fetch_add(1, Ordering::Relaxed),
             history: History::new(spec.history),
@@ -1015,6 +1249,132 @@ mod tests {
 
     /// `check_config` says no exactly when starting says no, for
     /// configurations that need no file or chip; and names what is wrong.
+    /// A Modbus device from TOML: its points become devices, sensors and
+    /// actuators by `writable`, links and checks see them, and each
+    /// mistake is refused with an error that names it.
+    #[test]
+    fn modbus_declarations_become_point_devices_or_clear_errors() {
+        let base = r#"
+            [[list]]
+            name = "meter"
+            kind = "modbus"
+            host = "127.0.0.1:1"
+            timeout = "100ms"
+            retries = 0
+            period = "10s"
+            [[list.points]]
+            name = "volts"
+            table = "input"
+            address = 0
+            type = "f32"
+            unit = "V"
+            [[list.points]]
+            name = "relay"
+            table = "coil"
+            address = 3
+            writable = true
+            "#;
+        let cfg: DevicesConfig = toml::from_str(base).unwrap();
+        let dp = DirectPathConfig {
+            links: vec!["meter.volts | threshold(250, 240) -> actuator(meter.relay)".into()],
+            priority: 0,
+            ..DirectPathConfig::default()
+        };
+        check_config(&cfg, &dp).unwrap();
+        check_links(&cfg, &dp, &[]).unwrap();
+        let m = DeviceManager::start(&cfg, &dp).unwrap();
+        let names: Vec<String> = m.list().iter().map(|d| d.name().to_string()).collect();
+        assert_eq!(names, ["meter.relay", "meter.volts"]);
+        let v = m.get("meter.volts").unwrap();
+        assert_eq!(v.direction(), Direction::Sensor);
+        assert_eq!(v.spec().unit.as_deref(), Some("V"));
+        assert_eq!(v.spec().max_age_s(), 10);
+        assert_eq!(
+            m.get("meter.relay").unwrap().direction(),
+            Direction::Actuator
+        );
+        assert_eq!(m.links().len(), 1);
+        // nothing listens: reads say why, the link state counts it
+        assert!(wait_for(|| v.driver().link().is_some_and(|l| l.errors > 0)));
+        let e = v.read().unwrap_err().to_string();
+        assert!(e.contains("127.0.0.1:1"), "{e}");
+        assert!(m.add(cfg.list[0].clone()).is_err());
+        drop(m);
+
+        let bad = |edit: &str, word: &str| {
+            let key = edit.split(' ').next().unwrap_or_default();
+            let text = match base.find(&format!("            {key} = ")) {
+                Some(at) => {
+                    let end = at + base[at..].find('\n').unwrap_or(0);
+                    format!("{}            {edit}{}", &base[..at], &base[end..])
+                }
+                None => base.replacen("retries = 0", &format!("retries = 0\n{edit}"), 1),
+            };
+            let e = match toml::from_str::<DevicesConfig>(&text) {
+                Err(e) => e.to_string(),
+                Ok(c) => check_config(&c, &DirectPathConfig::default())
+                    .unwrap_err()
+                    .to_string(),
+            };
+            assert!(e.contains(word), "{edit}: {e}");
+        };
+        bad("retries = 11", "retries 11 is outside 0..=10");
+        bad("timeout = \"2m\"", "outside 1ms..=60s");
+        bad("host = \"h:0\"", "not a port");
+        bad("unit_id = 300", "unit_id");
+        bad("signal = \"constant(1)\"", "`signal` does not apply");
+        bad("period = \"0.1ms\"", "at least 1ms");
+        bad("serial = \"/dev/ttyS0\"", "not both");
+        bad("baud = 9600", "`baud` is for a serial (RTU) device");
+        // RTU: settings checked, one bus's devices agree on them
+        let rtu = |name: &str, line: &str| {
+            format!(
+                "[[list]]\nname = \"{name}\"\nkind = \"modbus\"\nserial = \"/dev/ttyS9\"\n{line}\n\
+                 [[list.points]]\nname = \"p\"\ntable = \"input\"\naddress = 0\n"
+            )
+        };
+        let check = |text: &str| {
+            let c: DevicesConfig = toml::from_str(text).unwrap();
+            check_config(&c, &DirectPathConfig::default()).map_err(|e| e.to_string())
+        };
+        assert!(check(&rtu("a", "baud = 19200")).is_ok());
+        let e = check(&rtu("a", "baud = 100")).unwrap_err();
+        assert!(e.contains("baud 100 is outside"), "{e}");
+        let e = check(&rtu("a", "stop_bits = 3")).unwrap_err();
+        assert!(e.contains("stop_bits 3"), "{e}");
+        let two = rtu("a", "baud = 19200") + &rtu("b", "baud = 9600");
+        let e = check(&two).unwrap_err();
+        assert!(e.contains("same baud, parity and stop_bits"), "{e}");
+        assert!(check(&(rtu("a", "parity = \"none\"") + &rtu("b", "parity = \"none\""))).is_ok());
+        let e = check_spec(&DeviceSpec::new("m", DeviceKind::Modbus)).unwrap_err();
+        assert!(e.to_string().contains("needs `host`"), "{e}");
+        let mut no_points = DeviceSpec::new("m", DeviceKind::Modbus);
+        no_points.host = Some("plc".into());
+        let e = check_spec(&no_points).unwrap_err().to_string();
+        assert!(e.contains("needs 1 to"), "{e}");
+        let twice = base.replace("name = \"relay\"", "name = \"volts\"");
+        let c: DevicesConfig = toml::from_str(&twice).unwrap();
+        let e = check_config(&c, &DirectPathConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("declared twice"), "{e}");
+        let long = base.replace(
+            "name = \"relay\"",
+            "name = \"a_very_long_point_name_indeed\"",
+        );
+        let c: DevicesConfig = toml::from_str(&long).unwrap();
+        let e = check_config(&c, &DirectPathConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("1-32"), "{e}");
+        let ro = base.replace("table = \"coil\"", "table = \"discrete-input\"");
+        let c: DevicesConfig = toml::from_str(&ro).unwrap();
+        let e = check_config(&c, &DirectPathConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("read-only"), "{e}");
+        // a point device collides with a plain device of the same name
+        let mut c: DevicesConfig = toml::from_str(base).unwrap();
+        c.list
+            .push(DeviceSpec::new("meter.relay", DeviceKind::SimActuator));
+        let e = check_config(&c, &DirectPathConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("already exists"), "{e}");
+    }
+
     #[test]
     fn the_config_check_agrees_with_the_start() {
         let sensor = |name: &str| {

@@ -140,9 +140,14 @@ function renderDevices(s) {
     x.name, x.kind, x.resource,
     x.value === null ? '–' : x.value + (x.unit ? ' ' + x.unit : ''),
     x.updates,
+    // a field device's connection: up or down, polls, errors, last error
+    x.link
+      ? `${x.link.connected ? 'up' : 'down'}, ${x.link.polls} polls, ${x.link.errors} errors`
+        + (x.link.last_error ? ` (${x.link.last_error})` : '')
+      : '',
   ]);
   const obs = s.observe ? s.observe.observers : 0;
-  e.replaceChildren(table(['name', 'kind', 'CoAP resource', 'latest', 'updates'], rows, [0, 0, 0, 1, 1]),
+  e.replaceChildren(table(['name', 'kind', 'CoAP resource', 'latest', 'updates', 'link'], rows, [0, 0, 0, 1, 1, 0]),
     el('p', { class: 'legend' }, `${obs} Observe registration(s)`));
 }
 

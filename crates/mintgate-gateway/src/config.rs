@@ -323,7 +323,6 @@ impl MqttSection {
     /// Checks every key; `devices` are the configured devices (a publish or
     /// command entry must name one of them).
     pub fn validate(&self, devices: &[mintgate_devices::DeviceSpec]) -> Result<(), ConfigError> {
-        use mintgate_devices::DeviceKind;
         let v = |key, why: String| Err(ConfigError::Value { key, why });
         let security_set = [
             &self.ca_file,
@@ -490,12 +489,7 @@ impl MqttSection {
                         why(format!("no device `{}` in [devices]", c.device)),
                     )
                 }
-                Some(d)
-                    if !matches!(
-                        d.kind,
-                        DeviceKind::SimActuator | DeviceKind::AttrActuator | DeviceKind::GpioOut
-                    ) =>
-                {
+                Some(d) if !d.is_actuator() => {
                     return v(
                         "mqtt.command",
                         why(format!("`{}` is a sensor, not an actuator", c.device)),
@@ -512,7 +506,7 @@ impl MqttSection {
                 .publish_devices
                 .then(|| {
                     devices.iter().find(|d| {
-                        let dir = if d.kind.is_actuator() {
+                        let dir = if d.is_actuator() {
                             "actuators"
                         } else {
                             "sensors"
@@ -1396,7 +1390,7 @@ impl Config {
         if t.is_nan() || t < 0.0 {
             return v("vta.trial_util", format!("{t} is not a share >= 0"));
         }
-        self.mqtt.validate(&self.devices.list)?;
+        self.mqtt.validate(&self.devices.devices())?;
         if self.nats.enabled {
             // files and variables are read at the start, as for [mqtt]
             self.nats

@@ -321,6 +321,13 @@ pub fn render_metrics(m: &DeviceManager, out: &mut String) {
         "Devices managed now.",
         m.list().len() as f64,
     );
+    render_link_metrics(m, out);
+    let mut one = |name: &str, kind: &str, help: &str, v: f64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    };
     one(
         "mintgate_directpath_links",
         "gauge",
@@ -399,6 +406,91 @@ pub fn render_metrics(m: &DeviceManager, out: &mut String) {
     }
 }
 
+/// The connections of field devices (Modbus), one per connection however
+/// many points it serves, by name.
+fn links(m: &DeviceManager) -> std::collections::BTreeMap<String, mintgate_devices::LinkState> {
+    m.list()
+        .iter()
+        .filter_map(|d| d.driver().link())
+        .map(|l| (l.connection.clone(), l))
+        .collect()
+}
+
+/// Field-device connections' counters in the Prometheus text format, one
+/// series per connection (`connection` label).
+fn render_link_metrics(m: &DeviceManager, out: &mut String) {
+    use std::fmt::Write as _;
+    let links = links(m);
+    if links.is_empty() {
+        return;
+    }
+    type Get = fn(&mintgate_devices::LinkState) -> u64;
+    let series: [(&str, &str, &str, Get); 6] = [
+        (
+            "mintgate_field_connected",
+            "gauge",
+            "1 when the field device's connection is up.",
+            |l| u64::from(l.connected),
+        ),
+        (
+            "mintgate_field_polls_total",
+            "counter",
+            "Read requests made to the field device.",
+            |l| l.polls,
+        ),
+        (
+            "mintgate_field_writes_total",
+            "counter",
+            "Write requests made to the field device.",
+            |l| l.writes,
+        ),
+        (
+            "mintgate_field_errors_total",
+            "counter",
+            "Field device requests that failed after their retries.",
+            |l| l.errors,
+        ),
+        (
+            "mintgate_field_connects_total",
+            "counter",
+            "Connection attempts to the field device.",
+            |l| l.connects,
+        ),
+        (
+            "mintgate_field_skipped_polls_total",
+            "counter",
+            "Polls skipped because the one before took longer than a period.",
+            |l| l.skipped,
+        ),
+    ];
+    let label = |c: &str| c.replace('\\', "\\\\").replace('"', "\\\"");
+    for (name, kind, help, get) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (c, l) in &links {
+            let _ = writeln!(out, "{name}{{connection=\"{}\"}} {}", label(c), get(l));
+        }
+    }
+    let n = "mintgate_field_poll_lateness_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {n} How late polls started after they were due (log-linear histogram, 12.5 % buckets).\n# TYPE {n} gauge"
+    );
+    for (c, l) in &links {
+        for (q, v) in [
+            ("0.5", l.late_p50_ns),
+            ("0.99", l.late_p99_ns),
+            ("1", l.late_max_ns),
+        ] {
+            let _ = writeln!(
+                out,
+                "{n}{{connection=\"{}\",quantile=\"{q}\"}} {}",
+                label(c),
+                v as f64 * 1e-9
+            );
+        }
+    }
+}
+
 /// The dashboard's `devices` section: each device with its latest value.
 pub fn devices_state(m: &DeviceManager) -> serde_json::Value {
     let list: Vec<serde_json::Value> = m
@@ -417,6 +509,18 @@ pub fn devices_state(m: &DeviceManager) -> serde_json::Value {
                 "value": h.latest().map(|v| fmt_value(v).parse::<f64>().unwrap_or(v)),
                 "unit": d.spec().unit,
                 "updates": h.updates(),
+                "link": d.driver().link().map(|l| serde_json::json!({
+                    "connection": l.connection,
+                    "endpoint": l.endpoint,
+                    "connected": l.connected,
+                    "polls": l.polls,
+                    "writes": l.writes,
+                    "errors": l.errors,
+                    "connects": l.connects,
+                    "skipped": l.skipped,
+                    "late_p99_us": l.late_p99_ns as f64 / 1e3,
+                    "last_error": l.last_error,
+                })),
             })
         })
         .collect();

@@ -42,7 +42,7 @@ impl OutputSink for ActuatorOut {
 
     #[inline]
     fn fire(&self, value: f64, _ev: &Event) -> Result<(), String> {
-        self.driver.write(value).map_err(|e| e.to_string())?;
+        self.driver.submit(value).map_err(|e| e.to_string())?;
         if let Some(a) = &self.after {
             a(value);
         }
