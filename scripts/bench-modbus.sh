@@ -14,6 +14,8 @@
 # Tunables (environment): DEVICES (20), POINTS (50, up to 125 per request:
 # more are read in more requests), HZ (10), DURATION (10), WARMUP (2),
 # MINTGATE (the binary; default target/release/mintgate, built if missing),
+# GW_TOML (more of the gateway's TOML, before its tables, e.g.
+# '[directpath]\nwait = "park"'),
 # PYTHON (default target/py-venv/bin/python with pymodbus, as
 # scripts/test.sh installs it).
 set -euo pipefail
@@ -48,6 +50,7 @@ grep -q ready "$DIR/sim.out" || { echo "the pymodbus servers did not start"; exi
 COAP=$(free_port) METRICS=$(free_port)
 period_us=$((1000000 / HZ))
 {
+  printf '%b\n' "${GW_TOML:-}"
   printf '[coap]\nbind = ["127.0.0.1:%s"]\n[metrics]\nbind = "127.0.0.1:%s"\n' "$COAP" "$METRICS"
   i=0
   for port in "${ports[@]}"; do
@@ -76,17 +79,18 @@ HZ_TICKS=$(getconf CLK_TCK)
 polls=$(( $(sum mintgate_field_polls_total <<<"$m1") - $(sum mintgate_field_polls_total <<<"$m0") ))
 errors=$(( $(sum mintgate_field_errors_total <<<"$m1") - $(sum mintgate_field_errors_total <<<"$m0") ))
 skipped=$(( $(sum mintgate_field_skipped_polls_total <<<"$m1") - $(sum mintgate_field_skipped_polls_total <<<"$m0") ))
+late50=$(grep '^mintgate_field_poll_lateness_seconds{.*quantile="0.5"}' <<<"$m1" | awk '$2 > m {m = $2} END {print m * 1000}')
 late99=$(grep '^mintgate_field_poll_lateness_seconds{.*quantile="0.99"}' <<<"$m1" | awk '$2 > m {m = $2} END {print m * 1000}')
 latemax=$(grep '^mintgate_field_poll_lateness_seconds{.*quantile="1"}' <<<"$m1" | awk '$2 > m {m = $2} END {print m * 1000}')
 per_req=$(( (POINTS + 124) / 125 ))
 awk -v d="$DEVICES" -v p="$POINTS" -v hz="$HZ" -v t0="$t0" -v t1="$t1" \
     -v polls="$polls" -v per_req="$per_req" -v errors="$errors" -v skipped="$skipped" \
-    -v gw=$((g1 - g0)) -v sim=$((s1 - s0)) -v tck="$HZ_TICKS" -v l99="$late99" -v lmax="$latemax" 'BEGIN {
+    -v gw=$((g1 - g0)) -v sim=$((s1 - s0)) -v tck="$HZ_TICKS" -v l50="$late50" -v l99="$late99" -v lmax="$latemax" 'BEGIN {
   secs = t1 - t0; reqs = polls / secs; pts = reqs * (p / per_req)
   gcpu = gw / tck / secs * 100; scpu = sim / tck / secs * 100
   printf "devices %d x %d points at %g Hz: %.0f requests/s, %.0f points/s (due: %.0f points/s), %d errors, %d polls skipped\n", d, p, hz, reqs, pts, d * p * hz, errors, skipped
   printf "mintgate CPU: %.1f %% of one core (%.1f us per request, %.0f ns per point)\n", gcpu, gcpu / 100 * 1e6 / reqs, gcpu / 100 * 1e9 / pts
   printf "simulators (pymodbus, one process) CPU: %.1f %% of one core\n", scpu
-  printf "poll lateness since start, worst device: p99 %.2f ms, most %.2f ms\n", l99, lmax
+  printf "poll lateness since start, worst device: p50 %.2f ms, p99 %.2f ms, most %.2f ms\n", l50, l99, lmax
   printf "anchor: ThingsBoard gateway users report 100 %% CPU at 50-200 Hz of Modbus polling\n"
 }'

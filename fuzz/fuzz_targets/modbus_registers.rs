@@ -36,7 +36,8 @@ fuzz_target!(|data: &[u8]| {
         assert!(v == 0.0 || v == 1.0, "{v}");
         return;
     }
-    if v.is_finite() && !(v == 0.0 && v.is_sign_negative()) {
+    // -0.0 plus the offset 0 is 0.0: both zeros are one value here
+    if v.is_finite() && v != 0.0 {
         assert_eq!(
             layout.encode(v).as_deref(),
             Ok(&words[..n]),
