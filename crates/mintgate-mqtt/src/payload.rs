@@ -58,6 +58,9 @@ mod body {
         if !matches!(b.first(), Some(b'{' | b'[')) || !matches!(b.last(), Some(b'}' | b']')) {
             return None;
         }
+        // valid one level deeper too: inside the envelope it must still be
+        // within the JSON parser's nesting limit, or it would not decode
+        serde_json::from_str::<serde::de::IgnoredAny>(&format!("[{text}]")).ok()?;
         RawValue::from_string(text.to_owned()).ok()
     }
 
@@ -187,6 +190,16 @@ mod tests {
         // an envelope of an older version (msg a string of JSON) decodes
         let old = br#"{"pub":"a","seq":1,"ts":0,"msg":"{\"value\":1}"}"#;
         assert_eq!(decode(old).unwrap().msg, r#"{"value":1}"#);
+        // nested as deep as the parser allows on its own: a string, so the
+        // envelope around it still decodes
+        for depth in [120, 127, 128, 200] {
+            let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let e = Envelope {
+                msg: deep.clone(),
+                ..e.clone()
+            };
+            assert_eq!(decode(&e.encode()).unwrap().msg, deep, "depth {depth}");
+        }
         // a number or null as msg is taken as its text
         assert_eq!(
             decode(br#"{"pub":"a","seq":1,"ts":0,"msg":7}"#)
