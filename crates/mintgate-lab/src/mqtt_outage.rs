@@ -188,6 +188,7 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
             take(d, &mut got);
         }
     }
+    let rs = sub.stats();
     drop(p);
     drop(sub);
     drop(broker);
@@ -229,11 +230,13 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
     crate::write_file(&csv, &text)?;
     let mib = |b: u64| b as f64 / 1048576.0;
     let yes = |b: bool| if b { "yes" } else { "NO" };
+    let (received, reordered, late) = (rs.received, rs.reordered, rs.duplicates);
     let table = format!(
         "MQTT publish queue through a broker outage: {rate} msg/s, mosquitto away {:.0} s, \
          max_messages {max}, drop-oldest, window 16\n\
          enqueued {total}, acknowledged {}, arrived {} (in order: {}), dropped {dropped}, \
          gaps the subscriber saw {gaps}{}\n\
+         the subscriber received {received} (held out of order {reordered}, dropped as duplicates or late {late})\n\
          arrived + dropped = enqueued: {}\n\
          the newest {tail} arrived in order with no gap (at least max_messages: {})\n\
          VmRSS: {:.1} MiB 30 s after the queue filled, peak {:.1} MiB after that \
