@@ -343,25 +343,34 @@ pub fn read_all(t: &Target) -> io::Result<Vec<Stored>> {
             .timeout(Duration::from_secs(2))
             .build(client);
         let mut stream = js.get_stream(&t.stream).await.map_err(io::Error::other)?;
-        let info = stream.info().await.map_err(io::Error::other)?;
-        let (first, last) = (info.state.first_sequence, info.state.last_sequence);
-        let mut out = Vec::new();
-        if info.state.messages == 0 {
-            return Ok(out);
-        }
-        for seq in first..=last {
-            match stream.get_raw_message(seq).await {
-                Ok(m) => {
-                    let id = m.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
-                    out.push((m.subject.to_string(), m.payload.to_vec(), id));
-                }
-                Err(e) => {
-                    if e.kind() != jetstream::stream::RawMessageErrorKind::NoMessageFound {
-                        return Err(io::Error::other(e));
+        // A replica that is still catching up (a node just restarted) may
+        // answer a get with "no message": read again, for at most 30 s,
+        // until as many messages came back as the stream holds.
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let state = stream.info().await.map_err(io::Error::other)?.state.clone();
+            let (first, last) = (state.first_sequence, state.last_sequence);
+            let mut out = Vec::new();
+            if state.messages == 0 {
+                return Ok(out);
+            }
+            for seq in first..=last {
+                match stream.get_raw_message(seq).await {
+                    Ok(m) => {
+                        let id = m.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
+                        out.push((m.subject.to_string(), m.payload.to_vec(), id));
+                    }
+                    Err(e) => {
+                        if e.kind() != jetstream::stream::RawMessageErrorKind::NoMessageFound {
+                            return Err(io::Error::other(e));
+                        }
                     }
                 }
             }
+            if out.len() as u64 >= state.messages || std::time::Instant::now() >= end {
+                return Ok(out);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        Ok(out)
     })?
 }

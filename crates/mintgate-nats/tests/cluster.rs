@@ -146,7 +146,16 @@ fn expect_in_order(sub: &mut Subscriber, n: u64) {
 /// Stored once: the stream holds exactly n messages, with n distinct
 /// message ids and n distinct sequence numbers.
 fn expect_stored_once(t: &Target, n: u64) -> usize {
-    assert_eq!(stream_now(t).unwrap().messages, n, "messages in the stream");
+    // A node killed and restarted answers for the stream only once it has
+    // caught up (a new leader may still be elected on a loaded machine):
+    // the count is read until it is n, for at most 30 s, and then must be.
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut seen = stream_now(t).map(|s| s.messages);
+    while seen.as_ref().ok() != Some(&n) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(250));
+        seen = stream_now(t).map(|s| s.messages);
+    }
+    assert_eq!(seen.unwrap(), n, "messages in the stream");
     let all = read_all(t).unwrap();
     assert_eq!(all.len() as u64, n);
     let ids: HashSet<_> = all.iter().map(|(_, _, id)| id.clone().unwrap()).collect();
