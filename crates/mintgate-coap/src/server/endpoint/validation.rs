@@ -13,6 +13,13 @@
 //! endpoint, so challenges cost no memory. A verified address is trusted
 //! for `verified_lifetime` (a bounded table; when full, the entry closest
 //! to expiry makes room).
+//!
+//! Only the Echo round trip verifies. A client that never repeats Echo
+//! keeps getting blocks cut to the factor (`fit.rs`) for every
+//! request: what else it sends (its token, its message IDs, the next block
+//! number) is its own choice or can be guessed, so it proves nothing about
+//! receipt, and growing the budget on it would hand a spoofed source the
+//! amplification this module exists to deny.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

@@ -1,0 +1,308 @@
+//! The handler pool's threads: they take requests from the HTP queue, run
+//! the resources' handlers, and send the answers; each thread's scheduling
+//! policy follows the datagram rate.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use mintgate_coap::server::{finish_response, Answer, Handled, Request, Responded, Router};
+use mintgate_coap::wire::{Code, MessageType, Packet};
+use mintgate_sched::priority::{self, Applied, Priority};
+use mintgate_sched::{BatchSwitch, PipelineCounters, Worker};
+
+use crate::queue::{Job, Shed};
+use crate::udp::SendBatch;
+
+use super::receive::{Receiver, RECEIVER};
+use super::Shared;
+
+/// A pipeline thread's scheduling policy: `SCHED_BATCH` above
+/// `pipeline.batch_sched_above` datagrams per second (all listeners
+/// together), back to `SCHED_OTHER` at the thread's own nice value below;
+/// see [`BatchSwitch`] for why. A thread that did not start at
+/// `SCHED_OTHER` (an operator ran it under `chrt`, say) is left alone, and
+/// one the kernel refuses batch stops trying. Counted in the
+/// `pipeline_batch_threads` gauge only while the kernel has granted it; a
+/// thread leaves batch when its loop ends (a pool thread may run the loop
+/// again later).
+pub(super) struct ThreadPolicy<'a> {
+    counters: &'a PipelineCounters,
+    switch: BatchSwitch,
+    in_batch: bool,
+    /// False once refused, or when the thread started at another policy.
+    enabled: bool,
+    what: &'static str,
+}
+
+impl<'a> ThreadPolicy<'a> {
+    pub(super) fn new(sh: &'a Shared, what: &'static str) -> ThreadPolicy<'a> {
+        let c = &*sh.counters;
+        ThreadPolicy {
+            counters: c,
+            switch: BatchSwitch::new(
+                sh.cfg.pipeline.batch_sched_above,
+                Instant::now(),
+                c.nr_datagrams.load(Relaxed),
+            ),
+            in_batch: false,
+            enabled: sh.cfg.pipeline.batch_sched_above > 0
+                && matches!(priority::current_thread_priority(), Applied::Nice(_)),
+            what,
+        }
+    }
+
+    /// Looks at the datagram rate and switches the calling thread if due.
+    pub(super) fn update(&mut self) {
+        if !self.enabled {
+            return;
+        }
+        let c = self.counters;
+        let Some(on) = self
+            .switch
+            .update(Instant::now(), c.nr_datagrams.load(Relaxed))
+        else {
+            return;
+        };
+        let rate = self.switch.last_rate().round() as u64;
+        if on {
+            match priority::set_current_thread_priority(Priority::Batch) {
+                Applied::Batch(_) => {
+                    self.in_batch = true;
+                    c.pipeline_batch_threads.fetch_add(1, Relaxed);
+                    c.pipeline_batch_switches.fetch_add(1, Relaxed);
+                    self.log(rate, "to SCHED_BATCH");
+                }
+                other => {
+                    self.enabled = false;
+                    tracing::warn!(
+                        thread = self.what,
+                        applied = ?other,
+                        "SCHED_BATCH refused; the thread stays at its policy"
+                    );
+                }
+            }
+        } else {
+            self.leave();
+            self.log(rate, "back to SCHED_OTHER");
+        }
+    }
+
+    /// Receivers (one per listener) at info, handlers (up to
+    /// [`MAX_HTP_THREADS`], switching together) at debug.
+    fn log(&self, rate: u64, what: &str) {
+        if self.what == RECEIVER {
+            tracing::info!(datagrams_per_s = rate, "network receiver {what}");
+        } else {
+            tracing::debug!(datagrams_per_s = rate, "{} {what}", self.what);
+        }
+    }
+
+    fn leave(&mut self) {
+        if self.in_batch {
+            // whatever the kernel says, the thread is no longer counted
+            priority::set_current_thread_priority(Priority::Other);
+            self.in_batch = false;
+            self.counters.pipeline_batch_threads.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+impl Drop for ThreadPolicy<'_> {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+/// The queue is full, in all or for the request's source: a NON is
+/// dropped, a CON gets 5.03 with Max-Age.
+pub(super) fn shed_at_queue(sh: &Shared, sb: &mut SendBatch, job: Job, why: Shed) {
+    let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
+        return;
+    };
+    let con = p.msg_type() == MessageType::Con;
+    match (why, con) {
+        (Shed::PeerLimit, _) => &sh.counters.nr_peer_limited,
+        (Shed::QueueFull, false) => &sh.counters.nr_dropped,
+        (Shed::QueueFull, true) => &sh.counters.nr_rejected,
+    }
+    .fetch_add(1, Relaxed);
+    if let Some(t) = sh
+        .endpoint
+        .shed(job.peer, job.listener, &p, sh.cfg.coap.overload_max_age_s)
+    {
+        sh.transmit(sb, t);
+    }
+}
+
+/// One send batch per listener, encrypting on the coaps ones.
+pub(super) fn send_batches(sh: &Shared) -> Vec<SendBatch> {
+    sh.dtls
+        .iter()
+        .map(|d| {
+            SendBatch::new(sh.cfg.pipeline.send_batch)
+                .with_gso(sh.cfg.pipeline.send_gso)
+                .with_dtls(d.clone())
+        })
+        .collect()
+}
+
+/// One HTP thread: take a batch, handle each request, send the batch.
+pub(super) fn handler_loop(sh: &Shared, w: &Worker) {
+    let c = &sh.counters;
+    let hb = sh.cfg.pipeline.handler_batch;
+    let mut jobs: Vec<Job> = Vec::with_capacity(hb);
+    let mut sbs = send_batches(sh);
+    let slot = w.index();
+    let mut receivers: Vec<Receiver> = (0..sh.listeners.len())
+        .map(|li| Receiver::new(sh, li, sh.cfg.pipeline.receive_batch))
+        .collect();
+    let mut policy = ThreadPolicy::new(sh, "handler");
+    while !w.should_stop() {
+        policy.update();
+        let share = c.htp_threads.load(Relaxed).max(1) as usize;
+        if sh.cfg.pipeline.handler_receives && sh.queue.is_empty_hint() {
+            for r in receivers.iter_mut() {
+                r.receive_once(sh, false);
+            }
+        }
+        sh.queue
+            .pop_batch(&mut jobs, hb, share, Duration::from_millis(100));
+        if jobs.is_empty() {
+            continue;
+        }
+        let t0 = Instant::now();
+        let router = sh.router.read().clone();
+        let n = jobs.len() as u64;
+        for job in jobs.drain(..) {
+            let Ok(p) = Packet::new_checked(job.block.as_slice()) else {
+                continue;
+            };
+            // OSCORE: the router sees the inner request, the answer is
+            // protected back; one that does not verify is answered here
+            let mut refusal = None;
+            let verified = match &sh.oscore {
+                Some(os) if p.option(crate::oscore::OPTION).is_some() => {
+                    let mut rb = sh.endpoint.builder();
+                    let v = os.unprotect(sh.endpoint.pool(), &p, &mut rb);
+                    if v.is_none() {
+                        refusal = Some(rb);
+                    }
+                    v
+                }
+                _ => None,
+            };
+            // the receive time stands for "now": block transfers time out
+            // in seconds, and no clock is read per request. A request that
+            // OSCORE verified counts as from a verified address, as one over
+            // DTLS does: it is fresh (its Partial IV passed the replay
+            // window) and made with the peer's key, and an Echo challenge
+            // of the message layer would make the client repeat the same
+            // protected bytes, a replay.
+            let ticket = sh.endpoint.begin(
+                slot,
+                job.received,
+                job.peer,
+                job.listener,
+                &p,
+                job.identity.is_some() || sh.dtls[job.listener].is_some() || verified.is_some(),
+            );
+            let inner = verified
+                .as_ref()
+                .and_then(|v| Packet::new_checked(&v.message[..]).ok());
+            let req = Request {
+                peer: job.peer,
+                packet: inner.as_ref().unwrap_or(&p),
+                identity: verified
+                    .as_ref()
+                    .map(|v| v.identity.as_str())
+                    .or(job.identity.as_deref()),
+            };
+            // writes are checked against [access]; the identity is the
+            // peer's DTLS identity for requests that came over coaps, the
+            // OSCORE context's for protected ones. A handler that panics
+            // answers 5.00; the thread goes on.
+            let oscore_id = verified.as_ref().map(|v| v.identity.as_str());
+            let handled = match refusal.take() {
+                Some(rb) => Handled::Respond(rb),
+                None => handle_guarded(
+                    sh,
+                    job.received,
+                    &router,
+                    &req,
+                    job.identity.as_deref(),
+                    oscore_id,
+                ),
+            };
+            let handled = match (&sh.oscore, &verified, handled) {
+                (Some(os), Some(v), Handled::Respond(plain)) => {
+                    let mut rb = sh.endpoint.builder();
+                    os.protect(v, plain, &mut rb);
+                    Handled::Respond(rb)
+                }
+                (_, _, h) => h,
+            };
+            // the time now: a separate response's retransmission timer
+            // starts when it is sent, not when the request came
+            match sh
+                .endpoint
+                .respond(Instant::now(), ticket, &router, &req, handled)
+            {
+                Responded::Send(t) => sh.transmit(&mut sbs[job.listener], t),
+                Responded::Silent => {}
+                Responded::Exhausted => {
+                    c.htp_shed.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        drop(router);
+        sh.flush(&mut sbs);
+        c.htp_handled.fetch_add(n, Relaxed);
+        c.htp_busy_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+    }
+}
+
+/// Checks a request against `[access]` (`dtls`: the DTLS identity it came
+/// with, `oscore`: the OSCORE context that verified it) and runs its
+/// handler; a handler that panics answers 5.00 and is counted.
+pub(super) fn handle_guarded(
+    sh: &Shared,
+    now: Instant,
+    router: &Router,
+    req: &Request<'_>,
+    dtls: Option<&str>,
+    oscore: Option<&str>,
+) -> Handled {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        match sh.access.check_with(req, dtls, oscore) {
+            Ok(()) => sh.endpoint.process(now, router, req),
+            Err(why) => {
+                let mut rb = sh.endpoint.builder();
+                sh.access.answer(why, &mut rb);
+                Handled::Respond(rb)
+            }
+        }
+    }))
+    .unwrap_or_else(|_| {
+        sh.handler_panics.fetch_add(1, Relaxed);
+        tracing::error!(peer = %req.peer, "a handler panicked; answered 5.00");
+        let mut rb = sh.endpoint.builder();
+        rb.set_code(Code::INTERNAL_SERVER_ERROR);
+        Handled::Respond(rb)
+    })
+}
+
+/// Answers a request that came over a reliable transport (CoAP over TCP):
+/// the same access rules, router and request layer (Block1 included) as
+/// over UDP, without the message layer's de-duplication, message IDs and
+/// retransmissions, and without Observe registration (a GET with Observe
+/// is answered as a plain GET).
+pub(super) fn serve_reliable(sh: &Shared, req: &Request<'_>) -> Answer {
+    let router = sh.router.read().clone();
+    match handle_guarded(sh, Instant::now(), &router, req, req.identity, None) {
+        Handled::Respond(rb) => {
+            finish_response(&sh.pool, rb, MessageType::Ack, 0, req.packet.token())
+        }
+        Handled::Silent => Answer::Silent,
+    }
+}
