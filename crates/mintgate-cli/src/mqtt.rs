@@ -26,6 +26,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     mintgate_gateway::config::parse_duration(s)
 }
 
+/// MQTT 5's session expiry interval is a u32 of seconds.
+fn parse_session_expiry(s: &str) -> Result<Duration, String> {
+    mintgate_gateway::config::parse_duration_upto(s, u64::from(u32::MAX))
+}
+
 fn parse_qos(s: &str) -> Result<Qos, String> {
     match s {
         "1" => Ok(Qos::AtLeastOnce),
@@ -254,6 +259,12 @@ pub struct SubscribeArgs {
     /// Needs --client-id: the session is found again by it.
     #[arg(long, requires = "client_id")]
     persistent: bool,
+    /// With --persistent over MQTT 5 (mqtt5://, mqtts5://, ws5://, wss5://):
+    /// how long the broker keeps the session, and queues for it, after we
+    /// disconnect (e.g. 1h, 7d). Over MQTT 3.1.1 the broker's own setting
+    /// decides, so it is refused there. Default: 1d.
+    #[arg(long, value_parser = parse_session_expiry, requires = "persistent")]
+    session_expiry: Option<Duration>,
     /// Longest wait for a missing sequence before skipping it.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     gap_timeout: Duration,
@@ -510,6 +521,15 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<ExitCode> {
     cfg.qos = a.qos;
     cfg.client_id = a.client_id.clone();
     cfg.persistent_session = a.persistent;
+    if let Some(e) = a.session_expiry {
+        anyhow::ensure!(
+            a.broker.version == mintgate_mqtt::conn::Version::V5 && cfg.uplink.is_none(),
+            "--session-expiry is an MQTT 5 setting: use an mqtt5://, mqtts5://, ws5:// or wss5:// \
+             broker URL (over MQTT 3.1.1 the broker's own configuration decides how long it keeps \
+             a session)"
+        );
+        cfg.session_expiry = e;
+    }
     cfg.reorder = ReorderConfig {
         first_seq: a.first_seq,
         gap_timeout: Some(a.gap_timeout),

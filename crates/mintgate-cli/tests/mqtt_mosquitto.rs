@@ -452,6 +452,78 @@ fn persistent_subscriber_gets_its_queued_messages() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// MQTT 5's session expiry (`--session-expiry`): a session that expired
+/// while its subscriber was away has nothing queued for it when it comes
+/// back (the same steps as above, where a day's expiry kept all three);
+/// over MQTT 3.1.1, where the broker decides, the option is refused.
+#[test]
+fn an_expired_mqtt5_session_keeps_nothing() {
+    let dir = tmp("expiry");
+    let Some(broker) = mosquitto(&dir.join("broker")) else {
+        return;
+    };
+    let url = broker.url().to_string();
+    let url5 = url.replacen("mqtt://", "mqtt5://", 1);
+    let topic = "mintgate/test/expiry";
+    let sub = |url: &str, expiry: &str, timeout: &str| {
+        let a = [
+            "subscribe",
+            "--broker",
+            url,
+            "--topic",
+            topic,
+            "--client-id",
+            "mintgate-test-expiry-sub",
+            "--persistent",
+            "--session-expiry",
+            expiry,
+            "--timeout",
+            timeout,
+        ];
+        mintgate(&a.map(String::from))
+    };
+    let (code, _, err) = finish(sub(&url, "1s", "1s"), Duration::from_secs(20));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("MQTT 5"), "{err}");
+    // Registered with a 1 s expiry, then away for 3 s: the session is gone.
+    let (code, _, err) = finish(sub(&url5, "1s", "1s"), Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("subscribed to"), "{err}");
+    std::thread::sleep(Duration::from_secs(3));
+    let publish = |n: &str| {
+        let p = mintgate(
+            &[
+                "publish",
+                "--broker",
+                &url,
+                "--topic",
+                topic,
+                "--count",
+                n,
+                "--timeout",
+                "20s",
+            ]
+            .map(String::from),
+        );
+        let (code, out, err) = finish(p, Duration::from_secs(30));
+        assert_eq!(code, 0, "publish failed:\n{out}\n{err}");
+    };
+    publish("3");
+    let (code, out, err) = finish(sub(&url5, "1h", "2s"), Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.trim().is_empty(),
+        "an expired session delivered:\n{out}"
+    );
+    // Now registered with an hour: what is published while away is kept.
+    publish("2");
+    let (code, out, err) = finish(sub(&url5, "1h", "2s"), Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 2, "{out}\n{err}");
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A filter that breaks the wildcard rules is refused at once, naming the
 /// rule; a persistent session needs a client id to be found again (no
 /// broker needed).

@@ -577,7 +577,15 @@ pub struct ConnOptions {
     /// The last will the broker publishes when the connection ends
     /// without a DISCONNECT.
     pub will: Option<Will>,
+    /// MQTT 5, with `clean_session` off: how long the broker keeps the
+    /// session (subscriptions and the messages queued for them) after a
+    /// disconnect. At most `u32::MAX` seconds (about 136 years, which MQTT
+    /// 5 means as never). Over 3.1.1 the broker alone decides.
+    pub session_expiry: Duration,
 }
+
+/// [`ConnOptions::session_expiry`] when not chosen: a day.
+pub const DEFAULT_SESSION_EXPIRY: Duration = Duration::from_secs(86_400);
 
 /// The MQTT 5 properties of a publish-queue PUBLISH ([`Conn::publish_with`]).
 #[derive(Clone, Copy, Debug)]
@@ -621,6 +629,7 @@ impl ConnOptions {
             inflight: 1,
             max_packet: DEFAULT_MAX_PACKET,
             will: None,
+            session_expiry: DEFAULT_SESSION_EXPIRY,
         }
     }
 }
@@ -841,8 +850,8 @@ impl Conn {
                     ));
                 }
                 if !o.clean_session {
-                    // Keep the session for a day after a disconnect.
-                    mo.set_session_expiry_interval(Some(86_400));
+                    let s = o.session_expiry.as_secs().min(u64::from(u32::MAX)) as u32;
+                    mo.set_session_expiry_interval(Some(s));
                 }
                 let (client, mut el) = rumqttc::v5::AsyncClient::new(mo, cap);
                 let task = tokio::spawn(async move {

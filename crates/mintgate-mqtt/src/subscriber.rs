@@ -32,6 +32,9 @@ pub struct SubscriberConfig {
     /// Ask the broker to keep our session (and queue for us) while we are
     /// disconnected.
     pub persistent_session: bool,
+    /// MQTT 5: how long the broker keeps that session after a disconnect
+    /// ([`crate::conn::ConnOptions::session_expiry`]).
+    pub session_expiry: Duration,
     /// The reorder buffer's settings.
     pub reorder: ReorderConfig,
     /// Also report every arrival before reordering ([`SubEvent::Arrival`]).
@@ -54,6 +57,7 @@ impl SubscriberConfig {
             qos: Qos::AtLeastOnce,
             client_id: None,
             persistent_session: false,
+            session_expiry: crate::conn::DEFAULT_SESSION_EXPIRY,
             reorder: ReorderConfig::default(),
             report_arrivals: false,
             uplink: None,
@@ -197,6 +201,7 @@ async fn run(
             .unwrap_or_else(|| format!("mg-sub-{:08x}", rand::random::<u32>())),
     );
     o.clean_session = !cfg.persistent_session;
+    o.session_expiry = cfg.session_expiry;
     o.inflight = 16;
     let mut conn: Option<Conn> = None;
     loop {
