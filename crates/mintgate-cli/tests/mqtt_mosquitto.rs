@@ -386,6 +386,25 @@ fn subscribe_says_when_the_broker_is_not_there() {
     );
 }
 
+/// `mintgate publish` of `n` messages (seq 1..=n) to `topic`, waiting for
+/// every acknowledgement.
+fn publish_count(url: &str, topic: &str, n: u32) {
+    let n = n.to_string();
+    let a = [
+        "publish",
+        "--broker",
+        url,
+        "--topic",
+        topic,
+        "--count",
+        &n,
+        "--timeout",
+        "20s",
+    ];
+    let (code, out, err) = finish(mintgate(&a.map(String::from)), Duration::from_secs(30));
+    assert_eq!(code, 0, "publish failed:\n{out}\n{err}");
+}
+
 /// A persistent subscriber that comes back to messages the broker queued
 /// for it: they can arrive before the SUBACK and fill `--count`; that is a
 /// success (the broker was reached), not "never subscribed".
@@ -420,25 +439,7 @@ fn persistent_subscriber_gets_its_queued_messages() {
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("subscribed to"), "{err}");
     // Three messages while it is away.
-    let state = dir.join("state");
-    let p = mintgate(
-        &[
-            "publish",
-            "--broker",
-            &url,
-            "--topic",
-            topic,
-            "--count",
-            "3",
-            "--state",
-            state.to_str().unwrap(),
-            "--timeout",
-            "20s",
-        ]
-        .map(String::from),
-    );
-    let (code, out, err) = finish(p, Duration::from_secs(30));
-    assert_eq!(code, 0, "publish failed:\n{out}\n{err}");
+    publish_count(&url, topic, 3);
     // Back: the three queued messages, in order, and exit 0.
     let (code, out, err) = finish(sub(Some("3"), "20s"), Duration::from_secs(30));
     assert_eq!(code, 0, "{out}\n{err}");
@@ -490,25 +491,7 @@ fn an_expired_mqtt5_session_keeps_nothing() {
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("subscribed to"), "{err}");
     std::thread::sleep(Duration::from_secs(3));
-    let publish = |n: &str| {
-        let p = mintgate(
-            &[
-                "publish",
-                "--broker",
-                &url,
-                "--topic",
-                topic,
-                "--count",
-                n,
-                "--timeout",
-                "20s",
-            ]
-            .map(String::from),
-        );
-        let (code, out, err) = finish(p, Duration::from_secs(30));
-        assert_eq!(code, 0, "publish failed:\n{out}\n{err}");
-    };
-    publish("3");
+    publish_count(&url, topic, 3);
     let (code, out, err) = finish(sub(&url5, "1h", "2s"), Duration::from_secs(20));
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -516,7 +499,7 @@ fn an_expired_mqtt5_session_keeps_nothing() {
         "an expired session delivered:\n{out}"
     );
     // Now registered with an hour: what is published while away is kept.
-    publish("2");
+    publish_count(&url, topic, 2);
     let (code, out, err) = finish(sub(&url5, "1h", "2s"), Duration::from_secs(20));
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 2, "{out}\n{err}");
