@@ -443,12 +443,21 @@ fn children() -> Vec<i32> {
 /// are stopped first, where otherwise a `kill` of the lab alone (not its
 /// process group, as a terminal's Ctrl-C is) would leave them running.
 /// Exits 128 + the signal.
+///
+/// The signals are caught by a handler, not blocked and waited for as
+/// `serve` does: a blocked signal stays blocked in every process a lab
+/// starts (the mask is inherited through fork and exec), so a mosquitto
+/// started by the lab ignored its SIGTERM, was killed after the grace
+/// period without saving its sessions, and the outage lab lost the
+/// messages its persistent subscriber should have had queued.
 fn stop_children_on_signal() {
-    let set = crate::serve::block_signals();
+    let Some(caught) = catch_signals() else {
+        return;
+    };
     let _ = std::thread::Builder::new()
         .name("lab-signals".into())
         .spawn(move || {
-            let sig = crate::serve::wait_for_signal(&set, Duration::from_secs(3600), || {});
+            let sig = caught();
             let kids = children();
             for &pid in &kids {
                 // SAFETY: signalling a child of ours by its pid.
@@ -461,6 +470,54 @@ fn stop_children_on_signal() {
             );
             std::process::exit(128 + sig);
         });
+}
+
+/// Write end of the pipe the signal handler writes a caught signal to.
+static SIGNAL_PIPE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(std::sync::atomic::Ordering::Relaxed);
+    let b = sig as u8;
+    // SAFETY: write(2) is async-signal-safe; one byte from a live local.
+    unsafe {
+        libc::write(fd, (&b as *const u8).cast(), 1);
+    }
+}
+
+/// Installs a handler for SIGINT and SIGTERM that writes the signal to a
+/// pipe (the self-pipe pattern: the handler does nothing else); returns
+/// what waits for the first one. Handlers, unlike a blocked mask, are
+/// reset to the default in a process that execs. `None` when the pipe or
+/// the handler cannot be had (the signals then keep their default action).
+fn catch_signals() -> Option<impl FnOnce() -> i32> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    SIGNAL_PIPE.store(fds[1], std::sync::atomic::Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction with a plain handler and an empty
+        // mask is valid; the handler only calls write(2).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                return None;
+            }
+        }
+    }
+    let rd = fds[0];
+    Some(move || loop {
+        let mut b = 0u8;
+        // SAFETY: reading one byte into a live local from our pipe.
+        let n = unsafe { libc::read(rd, (&mut b as *mut u8).cast(), 1) };
+        if n == 1 {
+            return i32::from(b);
+        }
+    })
 }
 
 /// Runs `mintgate lab ...`.

@@ -19,12 +19,12 @@
 //! - memory stays flat: once the queue has been full for 30 s, VmRSS never
 //!   rises more than 1 MiB above what it was at that moment.
 //!
-//! The publisher sends in order, but a broker need not hand a persistent
-//! session what it queued while the subscriber was away before what comes
-//! in live after it returns (mosquitto mixes the two), so the subscriber
-//! holds out-of-order arrivals in its reorder buffer for up to
-//! [`GAP_TIMEOUT`] before it gives a gap up. The lab prints how many it
-//! held; "in order" is what the subscriber delivered.
+//! The subscriber cannot tell the seqs the queue dropped from seqs lost on
+//! the way, so it holds what comes after a gap in its reorder buffer for up
+//! to [`GAP_TIMEOUT`] before it gives the gap up; the lab prints how many it
+//! held, and "in order" is what the subscriber delivered. A second
+//! subscriber no one here wrote, `mosquitto_sub` with a persistent session
+//! of its own, witnesses what the broker delivered.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -40,10 +40,10 @@ use crate::{LabOptions, Summary};
 const FLAT_SLACK: u64 = 1 << 20;
 
 /// How long the subscriber waits for a missing seq before giving it up:
-/// long enough for a broker to hand over a queue of 10,000 messages it
-/// held behind live ones, short enough that a message really lost shows
-/// within the lab's final wait.
-const GAP_TIMEOUT: Duration = Duration::from_secs(30);
+/// longer than a returning broker takes to hand a persistent session what
+/// it queued, short enough that a message really lost shows within the
+/// lab's final wait.
+const GAP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The outage case's settings.
 #[derive(Clone)]
@@ -94,7 +94,6 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
         "the outage case needs mosquitto (apt-get install mosquitto), which it stops and starts",
     )?;
     let work = std::env::temp_dir().join(format!("mintgate-lab-outage-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
     let mut broker = Mosquitto::start(&bin, &work.join("broker"))
         .with_context(|| format!("starting {}", bin.display()))?;
     let topic = "lab/outage";
@@ -105,6 +104,10 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
     sc.reorder.gap_timeout = Some(GAP_TIMEOUT);
     sc.reorder.max_buffer = 100_000;
     let mut sub = Subscriber::start(sc)?;
+    // A second subscriber no one here wrote, as a witness of what the
+    // broker delivers: mosquitto_sub with a persistent session of its own.
+    let witness_out = work.join("witness.out");
+    let mut witness = witness_start(broker.port(), topic, &witness_out);
     anyhow::ensure!(
         sub.wait_subscribed(Duration::from_secs(10)),
         "the subscriber got no SUBACK from mosquitto"
@@ -202,6 +205,11 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
         }
     }
     let rs = sub.stats();
+    let witnessed = witness.as_mut().map(|w| {
+        let _ = w.kill();
+        let _ = w.wait();
+        witness_seqs(&witness_out)
+    });
     drop(p);
     drop(sub);
     drop(broker);
@@ -209,6 +217,20 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
 
     let dropped = st.queue.dropped_full;
     let missing = missing_ranges(&got, total);
+    let witness_line = match &witnessed {
+        Some(w) => {
+            let mut uniq = w.clone();
+            uniq.sort_unstable();
+            uniq.dedup();
+            format!(
+                "mosquitto_sub (persistent session, a witness) received {} ({} distinct); never: {}",
+                w.len(),
+                uniq.len(),
+                missing_ranges(&uniq, total)
+            )
+        }
+        None => "mosquitto_sub not found (apt-get install mosquitto-clients): no witness".into(),
+    };
     let in_order = got.windows(2).all(|w| w[0] < w[1]);
     let tail = got
         .iter()
@@ -252,6 +274,7 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
          gaps the subscriber saw {gaps}{}\n\
          the subscriber received {received} (held out of order {reordered}, dropped as duplicates or late {late})\n\
          seqs that never arrived (dropped by the queue, or lost): {missing}\n\
+         {witness_line}\n\
          arrived + dropped = enqueued: {}\n\
          the newest {tail} arrived in order with no gap (at least max_messages: {})\n\
          VmRSS: {:.1} MiB 30 s after the queue filled, peak {:.1} MiB after that \
@@ -282,6 +305,40 @@ pub fn lab_mqtt_outage(opts: &OutageOptions) -> anyhow::Result<Summary> {
         files: vec![PathBuf::from(&csv)],
         target_met: Some(idle && in_order && exact && tail >= max && flat),
     })
+}
+
+/// Starts `mosquitto_sub` on `topic` at 127.0.0.1:`port`, QoS 1, with a
+/// persistent session, writing what it receives to `out`; `None` when it is
+/// not installed.
+fn witness_start(port: u16, topic: &str, out: &std::path::Path) -> Option<std::process::Child> {
+    let file = std::fs::File::create(out).ok()?;
+    std::process::Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-t",
+            topic,
+            "-q",
+            "1",
+            "-c",
+        ])
+        .args(["-i", &format!("mg-outage-witness-{}", std::process::id())])
+        .stdout(file)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()
+}
+
+/// The seqs of the envelopes `mosquitto_sub` wrote, in arrival order.
+fn witness_seqs(out: &std::path::Path) -> Vec<u64> {
+    std::fs::read_to_string(out)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| mintgate_mqtt::payload::decode(l.as_bytes()).ok())
+        .map(|e| e.seq)
+        .collect()
 }
 
 /// The seqs in 1..=total missing from `got` (sorted), as ranges: `a-b, c`,

@@ -400,6 +400,12 @@ impl Mosquitto {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        tracing::warn!(
+            "mosquitto on port {} did not stop within 5 s of SIGTERM (is SIGTERM blocked in this \
+             process? the mask is inherited): killed, so its sessions and queued messages were \
+             not saved",
+            self.port
+        );
         let _ = c.kill();
         let _ = c.wait();
     }
