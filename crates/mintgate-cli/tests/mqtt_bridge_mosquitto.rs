@@ -147,6 +147,7 @@ impl Collector {
             qos: Qos::AtLeastOnce,
             client_id: format!("mg-test-{}", unique()),
             persistent_session: false,
+            session_expiry: mintgate_mqtt::conn::DEFAULT_SESSION_EXPIRY,
         });
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {
@@ -260,6 +261,17 @@ fn serve_mqtt(cfg: &Path, filter: &str, log: &Path) -> Proc {
             .spawn()
             .expect("running mintgate serve"),
     )
+}
+
+/// Publishes `on` to `cmd` until the actuator at `lamp` reads 1 (a command
+/// sent before the bridge has subscribed is lost), for at most 20 s.
+fn switch_on_once_subscribed(url: &BrokerUrl, cmd: &str, lamp: &str) -> bool {
+    (0..40).any(|_| {
+        publish_raw(url, cmd, &[b"on".to_vec()], Duration::from_secs(5)).unwrap();
+        wait_for(Duration::from_millis(500), || {
+            get(lamp).as_deref() == Some("1")
+        })
+    })
 }
 
 fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -399,18 +411,8 @@ fn serve_mqtt_bridges_against_mosquitto() {
     // session), so the first is repeated until it shows
     let cmd = format!("{prefix}cmd/lamp");
     let lamp = format!("coap://127.0.0.1:{coap}/actuators/lamp");
-    let mut applied = false;
-    for _ in 0..40 {
-        publish_raw(&url, &cmd, &[b"on".to_vec()], Duration::from_secs(5)).unwrap();
-        if wait_for(Duration::from_millis(500), || {
-            get(&lamp).as_deref() == Some("1")
-        }) {
-            applied = true;
-            break;
-        }
-    }
     assert!(
-        applied,
+        switch_on_once_subscribed(&url, &cmd, &lamp),
         "the command never reached the actuator: {}",
         server_log()
     );
@@ -721,6 +723,79 @@ format = "bare"
         );
     }
     drop(sub);
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `mqtt.command_session_expiry` (MQTT 5): the command subscription's
+/// session outlives the gateway, so a command sent while it was down
+/// (killed -9) is applied when it comes back; with a clean session (the
+/// default, and the first test above) it would be lost.
+#[test]
+fn commands_sent_while_away_are_applied_with_a_persistent_command_session() {
+    let dir = tmp("cmdsession");
+    let Some(bin) = find_mosquitto() else {
+        assert!(
+            !require_peers(),
+            "mosquitto is not installed (apt-get install mosquitto)"
+        );
+        return;
+    };
+    let broker = Mosquitto::start(&bin, &dir.join("mosquitto")).expect("starting mosquitto");
+    let url = broker.url();
+    let url5 = format!("mqtt5://127.0.0.1:{}", broker.port());
+    let prefix = format!("cli/{}/", unique());
+    let coap = free_udp_port();
+    let cfg = dir.join("gw.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[coap]
+bind = ["127.0.0.1:{coap}"]
+
+[[devices.list]]
+name = "lamp"
+kind = "sim-actuator"
+
+[mqtt]
+broker = "{url5}"
+state = "{state}"
+publish_devices = false
+command_session_expiry = "1h"
+
+[[mqtt.command]]
+topic = "{prefix}cmd/lamp"
+device = "lamp"
+"#,
+            state = dir.join("queue").display(),
+        ),
+    )
+    .unwrap();
+    let cmd = format!("{prefix}cmd/lamp");
+    let lamp = format!("coap://127.0.0.1:{coap}/actuators/lamp");
+    let log = dir.join("serve.log");
+    let server_log = || strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
+    let mut serve = serve_mqtt(&cfg, "warn", &log);
+    assert!(coap_ready(&mut serve.0, coap), "{}", server_log());
+    // subscribed once a command shows
+    assert!(
+        switch_on_once_subscribed(&url, &cmd, &lamp),
+        "the command never reached the actuator: {}",
+        server_log()
+    );
+    drop(serve); // killed -9
+    publish_raw(&url, &cmd, &[b"0.25".to_vec()], Duration::from_secs(5)).unwrap();
+    let log2 = dir.join("serve2.log");
+    let mut serve = serve_mqtt(&cfg, "warn", &log2);
+    assert!(coap_ready(&mut serve.0, coap), "{}", server_log());
+    assert!(
+        wait_for(Duration::from_secs(20), || get(&lamp).as_deref()
+            == Some("0.25")),
+        "the command sent while the gateway was away was not applied (lamp {:?}): {}",
+        get(&lamp),
+        strip_ansi(&std::fs::read_to_string(&log2).unwrap_or_default())
+    );
+    drop(serve);
     drop(broker);
     let _ = std::fs::remove_dir_all(&dir);
 }

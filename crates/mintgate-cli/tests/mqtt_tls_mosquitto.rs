@@ -235,6 +235,7 @@ impl Tap {
             qos: Qos::AtLeastOnce,
             client_id: format!("mg-tap-{}", unique()),
             persistent_session: false,
+            session_expiry: mintgate_mqtt::conn::DEFAULT_SESSION_EXPIRY,
         });
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {

@@ -671,7 +671,10 @@ impl MqttBridge {
                 filters: commands.keys().cloned().collect(),
                 qos: Qos::AtLeastOnce,
                 client_id: format!("{}-cmd", publisher.publisher_id()),
-                persistent_session: false,
+                persistent_session: cfg.command_session_expiry().is_some(),
+                session_expiry: cfg
+                    .command_session_expiry()
+                    .unwrap_or(mintgate_mqtt::conn::DEFAULT_SESSION_EXPIRY),
             });
             bridge.listener = Some(control);
             let c = counters.clone();

@@ -154,6 +154,11 @@ pub struct MqttSection {
     /// MQTT 5: message expiry interval of each publish, counted from when
     /// the value was queued (`"10m"`; empty: none).
     pub message_expiry: String,
+    /// MQTT 5: how long the broker keeps the command subscription's session
+    /// while the gateway is away, so that commands sent meanwhile are
+    /// applied, in order, when it returns (`"10m"`; empty: a clean session,
+    /// commands sent while away are not applied).
+    pub command_session_expiry: String,
 }
 
 /// `[mqtt.queue]`: how much the publish queue holds while the broker is
@@ -220,6 +225,7 @@ impl Default for MqttSection {
             queue: MqttQueue::default(),
             format: "envelope".into(),
             message_expiry: String::new(),
+            command_session_expiry: String::new(),
         }
     }
 }
@@ -300,9 +306,13 @@ impl MqttSection {
 
     /// The message expiry interval (after [`MqttSection::validate`]).
     pub fn message_expiry(&self) -> Option<std::time::Duration> {
-        (!self.message_expiry.is_empty())
-            .then(|| parse_duration(&self.message_expiry).ok())
-            .flatten()
+        mqtt5_interval(&self.message_expiry).ok().flatten()
+    }
+
+    /// The command session's expiry (after [`MqttSection::validate`]);
+    /// `None`: a clean session.
+    pub fn command_session_expiry(&self) -> Option<std::time::Duration> {
+        mqtt5_interval(&self.command_session_expiry).ok().flatten()
     }
 
     /// The format of an entry whose own `format` is `own` (after
@@ -387,19 +397,27 @@ impl MqttSection {
         if let Err(e) = self.format.parse::<Format>() {
             return v("mqtt.format", e);
         }
-        if !self.message_expiry.is_empty() {
-            match parse_duration(&self.message_expiry) {
-                Ok(d)
-                    if d >= std::time::Duration::from_secs(1)
-                        && d.as_secs() <= u64::from(u32::MAX) => {}
-                Ok(_) => {
+        if let Err(e) = mqtt5_interval(&self.message_expiry) {
+            return v("mqtt.message_expiry", e);
+        }
+        match mqtt5_interval(&self.command_session_expiry) {
+            Err(e) => return v("mqtt.command_session_expiry", e),
+            Ok(Some(_)) => {
+                let v5 = self
+                    .broker
+                    .parse::<mintgate_mqtt::BrokerUrl>()
+                    .is_ok_and(|u| u.version == mintgate_mqtt::Version::V5);
+                if !v5 {
                     return v(
-                        "mqtt.message_expiry",
-                        format!("{:?} is outside 1s..=2^32-1 s", self.message_expiry),
-                    )
+                        "mqtt.command_session_expiry",
+                        "needs an MQTT 5 broker URL (mqtt5://, mqtts5://, ws5://, wss5://): \
+                         over 3.1.1 (and with the embedded broker) how long a session lasts is \
+                         the broker's own setting"
+                            .to_string(),
+                    );
                 }
-                Err(e) => return v("mqtt.message_expiry", e),
             }
+            Ok(None) => {}
         }
         if let Err(e) = expand(&self.topic_prefix, dev_gw) {
             return v("mqtt.topic_prefix", e);
@@ -921,6 +939,20 @@ pub fn parse_duration_upto(s: &str, max_secs: u64) -> Result<std::time::Duration
         });
     }
     Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// An MQTT 5 interval key (`mqtt.message_expiry`,
+/// `mqtt.command_session_expiry`): empty for none, else 1 s up to
+/// 2^32-1 s, the widest the protocol carries.
+fn mqtt5_interval(s: &str) -> Result<Option<std::time::Duration>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let d = parse_duration_upto(s, u64::from(u32::MAX))?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err(format!("{s:?} is outside 1s..=2^32-1 s"));
+    }
+    Ok(Some(d))
 }
 
 /// `[coap]`
@@ -1797,6 +1829,8 @@ window = 4
 topic_prefix = "site1/"
 publish_devices = false
 backlog = 100
+message_expiry = "2d"
+command_session_expiry = "7d"
 
 [[mqtt.publish]]
 device = "temp0"
@@ -1818,6 +1852,10 @@ accept = "json"
         let url = m.broker_url().unwrap().unwrap();
         assert_eq!(url.to_string(), "mqtt5://broker.lan:1884");
         assert_eq!((m.qos, m.window, m.backlog), (2, 4, 100));
+        let day = std::time::Duration::from_secs(86_400);
+        assert_eq!(m.message_expiry(), Some(2 * day));
+        assert_eq!(m.command_session_expiry(), Some(7 * day));
+        assert_eq!(Config::default().mqtt.command_session_expiry(), None);
         assert_eq!(m.publish[0].min_interval.as_deref(), Some("5s"));
         assert_eq!(m.command[0].device, "led0");
         assert_eq!(m.observe[0].accept.as_deref(), Some("json"));
@@ -1864,6 +1902,22 @@ accept = "json"
             ("[mqtt]\nqos = 0", "mqtt.qos", "not 1 or 2"),
             ("[mqtt]\nwindow = 0", "mqtt.window", "1..=1024"),
             ("[mqtt]\nbacklog = 0", "mqtt.backlog", "outside"),
+            ("[mqtt]\nmessage_expiry = \"500ms\"", "mqtt.message_expiry", "outside"),
+            (
+                "[mqtt]\nbroker = \"mqtt://h\"\ncommand_session_expiry = \"1h\"",
+                "mqtt.command_session_expiry",
+                "needs an MQTT 5 broker URL",
+            ),
+            (
+                "[mqtt]\ncommand_session_expiry = \"1h\"",
+                "mqtt.command_session_expiry",
+                "embedded broker",
+            ),
+            (
+                "[mqtt]\nbroker = \"mqtt5://h\"\ncommand_session_expiry = \"200000d\"",
+                "mqtt.command_session_expiry",
+                "out of range",
+            ),
             ("[mqtt.queue]\nmax_messages = 1", "mqtt.queue.max_messages", "more than mqtt.window"),
             ("[mqtt.queue]\nmax_bytes = 100", "mqtt.queue.max_bytes", "outside"),
             ("[mqtt.queue]\nwhen_full = \"drop\"", "mqtt.queue.when_full", "\"drop-oldest\" or"),

@@ -32,6 +32,9 @@ pub struct ListenerConfig {
     /// Ask the broker to keep the session (and queue messages) while we are
     /// away.
     pub persistent_session: bool,
+    /// MQTT 5: for how long after a disconnect
+    /// ([`crate::conn::ConnOptions::session_expiry`]).
+    pub session_expiry: Duration,
 }
 
 /// The listener's state, for waiting and reporting.
@@ -117,6 +120,7 @@ impl Listener {
         let sh = &self.shared;
         let mut o = ConnOptions::new(cfg.client_id.clone());
         o.clean_session = !cfg.persistent_session;
+        o.session_expiry = cfg.session_expiry;
         o.inflight = 16;
         let mut conn: Option<Conn> = None;
         let mut connected = false;
