@@ -350,7 +350,11 @@ pub fn render_metrics(m: &DeviceManager, out: &mut String) {
             "Events the worker took from the ring.",
             s.processed,
         ),
-        ("unlinked", "Events whose input has no link.", s.unlinked),
+        (
+            "unlinked",
+            "Events whose input has no link (most stop before the ring).",
+            s.unlinked,
+        ),
         (
             "passed",
             "(event, link) pairs that passed every filter.",

@@ -210,13 +210,19 @@ impl<T> std::ops::Deref for Line<T> {
 /// has a cache line of its own.
 #[derive(Default)]
 pub struct Stats {
-    /// Events offered to the ring.
+    /// Events offered to the ring (an event of an input with no link is
+    /// not: see `skipped`).
     pub pushed: Line<AtomicU64>,
+    /// Events of inputs with no link, dropped by the producer before the
+    /// ring (written by the producers; counted in the snapshot's
+    /// `unlinked`).
+    pub skipped: Line<AtomicU64>,
     /// Events refused by a full ring (dropped, never silently).
     pub overflow: Line<AtomicU64>,
     /// Events taken from the ring by the worker.
     pub processed: Line<AtomicU64>,
-    /// Events whose input has no link.
+    /// Events whose input had no link when the worker took them (a link
+    /// removed after the push).
     pub unlinked: Line<AtomicU64>,
     /// (event, link) pairs that passed every filter.
     pub passed: Line<AtomicU64>,
@@ -282,6 +288,8 @@ struct Shared {
     stop: AtomicBool,
     thread: OnceLock<std::thread::Thread>,
     table: RwLock<Arc<Vec<Arc<Link>>>>,
+    /// The inputs the table has links for, read by the producers.
+    linked: LinkedInputs,
     version: AtomicU64,
     next_id: AtomicU64,
     stats: Stats,
@@ -326,6 +334,13 @@ impl Injector {
     #[inline]
     pub fn push_event(&self, ev: Event) -> bool {
         let sh = &*self.sh;
+        if !sh.linked.may_have(ev.input) {
+            // Nothing would fire: the worker is not woken for it (with many
+            // polled points and few links, waking it for each value cost
+            // more than everything else the gateway did).
+            sh.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
         sh.stats.pushed.fetch_add(1, Ordering::Relaxed);
         if sh.ring.push(ev).is_err() {
             sh.stats.overflow.fetch_add(1, Ordering::Relaxed);
@@ -359,6 +374,7 @@ impl DirectPath {
             stop: AtomicBool::new(false),
             thread: OnceLock::new(),
             table: RwLock::new(Arc::new(Vec::new())),
+            linked: LinkedInputs::default(),
             version: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             stats: Stats::default(),
@@ -448,6 +464,7 @@ impl DirectPath {
         let mut t = self.sh.table.write();
         let mut next = (**t).clone();
         next.push(link);
+        self.sh.linked.set(&next);
         *t = Arc::new(next);
         self.sh.version.fetch_add(1, Ordering::Release);
         id
@@ -464,6 +481,7 @@ impl DirectPath {
         let next: Vec<Arc<Link>> = t.iter().filter(|l| !pred(l)).cloned().collect();
         let gone = t.len() - next.len();
         if gone > 0 {
+            self.sh.linked.set(&next);
             *t = Arc::new(next);
             self.sh.version.fetch_add(1, Ordering::Release);
         }
@@ -524,7 +542,7 @@ impl DirectPath {
             pushed: l(&s.pushed),
             overflow: l(&s.overflow),
             processed: l(&s.processed),
-            unlinked: l(&s.unlinked),
+            unlinked: l(&s.unlinked) + l(&s.skipped),
             passed: l(&s.passed),
             filtered: l(&s.filtered),
             fired: l(&s.fired),
@@ -656,6 +674,42 @@ impl Runtime {
 }
 
 /// Adds one to a counter only the worker writes (no read-modify-write).
+/// Which inputs have links: one bit per input below [`LinkedInputs::BITS`];
+/// inputs above it always count as linked (their events go to the worker,
+/// which knows). Rewritten whole, word by word, under the table's write
+/// lock; a word's store is atomic, so an input whose links stay never
+/// reads as unlinked while another changes.
+struct LinkedInputs {
+    words: Box<[AtomicU64]>,
+}
+
+impl Default for LinkedInputs {
+    fn default() -> Self {
+        LinkedInputs {
+            words: (0..Self::BITS / 64).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl LinkedInputs {
+    const BITS: u32 = 4096;
+
+    fn may_have(&self, input: u32) -> bool {
+        input >= Self::BITS
+            || self.words[(input / 64) as usize].load(Ordering::Acquire) & (1 << (input % 64)) != 0
+    }
+
+    fn set(&self, table: &[Arc<Link>]) {
+        let mut next = vec![0u64; self.words.len()];
+        for l in table.iter().filter(|l| l.input < Self::BITS) {
+            next[(l.input / 64) as usize] |= 1 << (l.input % 64);
+        }
+        for (w, n) in self.words.iter().zip(next) {
+            w.store(n, Ordering::Release);
+        }
+    }
+}
+
 #[inline]
 fn bump(c: &AtomicU64) {
     c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);

@@ -60,8 +60,11 @@ fn every_wait_mode_delivers_read_compare_write() {
         assert!(inj.push(9, 1.0, now_ns()), "an input with no link");
         assert!(dp.drain(Duration::from_secs(10)), "{wait}");
         let s = dp.snapshot();
-        assert_eq!(s.pushed, 201, "{wait}");
-        assert_eq!(s.processed, 201);
+        assert_eq!(
+            s.pushed, 200,
+            "{wait}: the unlinked event never enters the ring"
+        );
+        assert_eq!(s.processed, 200);
         assert_eq!(s.overflow, 0);
         assert_eq!(s.unlinked, 1);
         assert_eq!(s.passed, 100, "the even events pass compare(==, 0)");
@@ -69,7 +72,7 @@ fn every_wait_mode_delivers_read_compare_write() {
         assert_eq!(s.fired, 100);
         assert_eq!(a.writes(), 100);
         assert_eq!(a.value(), 7.0);
-        assert_eq!(dp.stats().worker_ns.count(), 201);
+        assert_eq!(dp.stats().worker_ns.count(), 200);
         assert!(s.e2e_p99_ns >= s.worker_p50_ns);
         if wait == WaitMode::Spin {
             assert_eq!(s.parks, 0);
@@ -255,4 +258,38 @@ fn wait_modes_parse_and_print() {
     let c: DirectPathConfig = toml::from_str("wait = \"park\"\nlinks = [\"a -> log\"]").unwrap();
     assert_eq!(c.wait, WaitMode::Park);
     assert_eq!(c.ring_capacity, 4096);
+}
+
+/// Events of inputs with no link stop at the injector (counted as
+/// unlinked, the worker never woken), and flow again once a link names
+/// their input; inputs beyond the bitmap always reach the worker.
+#[test]
+fn unlinked_inputs_stop_at_the_injector() {
+    let dp = DirectPath::start(&cfg(WaitMode::Park, 64)).unwrap();
+    let inj = dp.injector();
+    assert!(inj.push(5, 1.0, now_ns()));
+    assert!(inj.push(63, 1.0, now_ns()));
+    assert!(dp.drain(Duration::from_secs(5)));
+    let s = dp.snapshot();
+    assert_eq!((s.pushed, s.processed, s.unlinked), (0, 0, 2));
+    let (_a, out) = actuator("led0");
+    let id = dp.add_link(5, "in5 -> actuator(led0)".into(), Vec::new(), vec![out]);
+    assert!(inj.push(5, 1.0, now_ns()));
+    assert!(
+        inj.push(6, 1.0, now_ns()),
+        "its neighbour is still unlinked"
+    );
+    assert!(inj.push(5000, 1.0, now_ns()), "beyond the bitmap");
+    assert!(dp.drain(Duration::from_secs(5)));
+    let s = dp.snapshot();
+    assert_eq!((s.pushed, s.processed, s.fired), (2, 2, 1));
+    assert_eq!(s.unlinked, 4, "6 at the injector, 5000 at the worker");
+    assert!(dp.remove_link(id));
+    assert!(inj.push(5, 1.0, now_ns()));
+    assert!(dp.drain(Duration::from_secs(5)));
+    assert_eq!(
+        dp.snapshot().pushed,
+        2,
+        "removed: stopped at the injector again"
+    );
 }
