@@ -47,7 +47,10 @@ ETag checked on every block.
 
 coap+tcp://HOST[:PORT]/PATH (port 5683 by default) runs the request over
 CoAP over TCP (RFC 8323): one connection, CSM first, no retransmissions;
---count repeats it on the same connection.
+--count repeats it on the same connection. coaps+tcp://HOST[:PORT]/PATH
+(port 5684) does the same over TLS 1.2/1.3 with ALPN \"coap\": --coaps-ca
+is required (the server's certificate must chain to it and name HOST),
+--coaps-cert/--coaps-key add a client certificate; no pre-shared keys.
 
 coaps://HOST[:PORT]/PATH (port 5684 by default) runs the request over
 DTLS 1.2 (RFC 7252 section 9): with --psk-identity and --psk-key
@@ -256,8 +259,24 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("bad URI '{}'", args.uri))?;
     let secure = scheme == Scheme::Coaps;
     let dest = resolve(&uri)?;
-    if !secure && args.dtls.any() {
-        anyhow::bail!("--psk-identity, --coaps-ca and --coaps-cert are for coaps:// URIs only");
+    if scheme == Scheme::CoapsTcp {
+        if args.dtls.psk_identity.is_some() {
+            anyhow::bail!(
+                "coaps+tcp:// takes certificates only (--coaps-ca, --coaps-cert/--coaps-key): \
+                 the TLS library has no pre-shared keys"
+            );
+        }
+        if args.dtls.coaps_ca.is_none() {
+            return Err(crate::UsageError(
+                "coaps+tcp:// needs --coaps-ca FILE: the CA the server's certificate must chain to"
+                    .into(),
+            )
+            .into());
+        }
+    } else if !secure && args.dtls.any() {
+        anyhow::bail!(
+            "--psk-identity, --coaps-ca and --coaps-cert are for coaps:// and coaps+tcp:// URIs only"
+        );
     }
 
     let payload = match (&args.payload, &args.payload_file) {
@@ -300,8 +319,30 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         ));
     }
 
-    if scheme == Scheme::CoapTcp {
-        return run_tcp(method, &args, dest, &options, &payload);
+    match scheme {
+        Scheme::CoapTcp => return run_tcp(method, &args, dest, None, &options, &payload),
+        Scheme::CoapsTcp => {
+            let ca = args
+                .dtls
+                .coaps_ca
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""));
+            let key = args
+                .dtls
+                .coaps_cert
+                .as_deref()
+                .zip(args.dtls.coaps_key.as_deref());
+            let cfg = mintgate_gateway::coap_tcp::client_tls_config(ca, key)
+                .map_err(anyhow::Error::msg)
+                .context("coaps+tcp")?;
+            let name = match &uri.host {
+                Host::Ip(ip) => rustls::pki_types::ServerName::IpAddress((*ip).into()),
+                Host::Name(n) => rustls::pki_types::ServerName::try_from(n.clone())
+                    .with_context(|| format!("'{n}' is not a TLS server name"))?,
+            };
+            return run_tcp(method, &args, dest, Some((cfg, name)), &options, &payload);
+        }
+        Scheme::Coap | Scheme::Coaps => {}
     }
 
     let params = TransmissionParams::default();
@@ -628,12 +669,33 @@ fn print_response<V: AsRef<[u8]>>(
     }))
 }
 
+/// A TCP connection to talk CoAP over, with or without TLS.
+trait TcpLike: Read + Write {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+}
+
+impl TcpLike for std::net::TcpStream {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        std::net::TcpStream::set_read_timeout(self, d)
+    }
+}
+
+impl TcpLike for rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        self.sock.set_read_timeout(d)
+    }
+}
+
 /// Sends the request over CoAP over TCP (RFC 8323) `--count` times on one
-/// connection; prints each answer.
+/// connection (TLS with `tls`: coaps+tcp); prints each answer.
 fn run_tcp(
     method: Code,
     args: &RequestArgs,
     dest: SocketAddr,
+    tls: Option<(
+        std::sync::Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    )>,
     options: &[(OptionNumber, Vec<u8>)],
     payload: &[u8],
 ) -> anyhow::Result<ExitCode> {
@@ -645,13 +707,7 @@ fn run_tcp(
         .into());
     }
     let overall = args.timeout.unwrap_or(TCP_TIMEOUT);
-    let timed_out = |what: &str, t: Instant| {
-        eprintln!(
-            "mintgate: no {what} from {dest} within {}",
-            fmt_duration(overall.min(t.elapsed()))
-        );
-        Ok(ExitCode::from(EXIT_TIMEOUT))
-    };
+    let timed_out = |what: &str, t: Instant| tcp_timed_out(dest, overall, what, t);
     let start = Instant::now();
     let mut s = match TcpStream::connect_timeout(&dest, overall) {
         Ok(s) => s,
@@ -670,6 +726,62 @@ fn run_tcp(
         Err(e) => return Err(e).with_context(|| format!("connecting to {dest}")),
     };
     let _ = s.set_nodelay(true);
+    let Some((cfg, name)) = tls else {
+        return tcp_requests(method, args, dest, s, options, payload);
+    };
+    let mut conn = rustls::ClientConnection::new(cfg, name).context("starting TLS")?;
+    let _ = s.set_read_timeout(Some(overall));
+    while conn.is_handshaking() {
+        if let Err(e) = conn.complete_io(&mut s) {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                return timed_out("TLS handshake", start);
+            }
+            eprintln!("mintgate: the TLS handshake with {dest} failed: {e}");
+            return Ok(ExitCode::from(EXIT_HANDSHAKE));
+        }
+    }
+    if conn.alpn_protocol() != Some(b"coap") {
+        eprintln!("mintgate: {dest} did not agree to ALPN \"coap\" (RFC 8323 4.1); going on");
+    }
+    tcp_requests(
+        method,
+        args,
+        dest,
+        rustls::StreamOwned::new(conn, s),
+        options,
+        payload,
+    )
+}
+
+/// Says that `what` did not come from `dest` within `overall` (of the
+/// time since `t`); the exit status of a timeout.
+fn tcp_timed_out(
+    dest: SocketAddr,
+    overall: Duration,
+    what: &str,
+    t: Instant,
+) -> anyhow::Result<ExitCode> {
+    eprintln!(
+        "mintgate: no {what} from {dest} within {}",
+        fmt_duration(overall.min(t.elapsed()))
+    );
+    Ok(ExitCode::from(EXIT_TIMEOUT))
+}
+
+/// The requests of [`run_tcp`] on an open connection.
+fn tcp_requests(
+    method: Code,
+    args: &RequestArgs,
+    dest: SocketAddr,
+    mut s: impl TcpLike,
+    options: &[(OptionNumber, Vec<u8>)],
+    payload: &[u8],
+) -> anyhow::Result<ExitCode> {
+    let overall = args.timeout.unwrap_or(TCP_TIMEOUT);
+    let timed_out = |what: &str, t: Instant| tcp_timed_out(dest, overall, what, t);
     let mut c = ClientConnection::new(TCP_MAX_MESSAGE_SIZE, rand::random());
     let mut buf = vec![0u8; 16 << 10];
     let mut got = Vec::new();

@@ -726,6 +726,62 @@ fn coaps_over_tcp_with_libcoap() {
     }
     let (o, e) = libcoap_client(&["-C", &ca, "-m", "get"], &uri("request"));
     assert_eq!(o.trim(), "hello world", "stderr: {e}");
+    // mintgate's own coaps+tcp client: the server verified, by address and
+    // by the name in its certificate
+    let g = mintgate(&["get", "--coaps-ca", &ca, &uri("request")]);
+    assert_eq!(text(&g).0.trim(), "hello world", "{:?}", text(&g));
+    let g = mintgate(&[
+        "get",
+        "--coaps-ca",
+        &ca,
+        &uri("echo").replace("127.0.0.1", "localhost"),
+    ]);
+    assert_eq!(text(&g).0.trim(), "over tls", "{:?}", text(&g));
+    // a write: refused without a client certificate, taken with one
+    let put = |extra: &[&str], body: &str| {
+        let mut a = vec!["put", "--coaps-ca", &ca, "-e", body];
+        a.extend_from_slice(extra);
+        let u = uri("echo");
+        a.push(&u);
+        mintgate(&a)
+    };
+    assert_eq!(put(&[], "anon").status.code(), Some(3), "4.01");
+    let ok = put(
+        &["--coaps-cert", &ccert, "--coaps-key", &ckey],
+        "by mintgate",
+    );
+    assert!(ok.status.success(), "{:?}", text(&ok));
+    let g = mintgate(&["get", "--coaps-ca", &ca, &uri("echo")]);
+    assert_eq!(text(&g).0.trim(), "by mintgate");
+    // a server the CA did not sign (the client certificate as the CA): the
+    // handshake fails, said with its own exit status
+    let bad = mintgate(&[
+        "get",
+        "--timeout",
+        "3s",
+        "--coaps-ca",
+        &ccert,
+        &uri("request"),
+    ]);
+    let (_, e) = text(&bad);
+    assert_eq!(bad.status.code(), Some(7), "{e}");
+    assert!(e.contains("TLS handshake"), "{e}");
+    // coaps+tcp takes no pre-shared key; and it needs a CA
+    let psk = mintgate(&[
+        "get",
+        "--psk-identity",
+        ID,
+        "--psk-key",
+        KEY,
+        &uri("request"),
+    ]);
+    assert!(
+        text(&psk).1.contains("certificates only"),
+        "{:?}",
+        text(&psk)
+    );
+    let no_ca = mintgate(&["get", &uri("request")]);
+    assert_eq!(no_ca.status.code(), Some(2), "{:?}", text(&no_ca));
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -68,8 +68,11 @@ pub fn parse(s: &str) -> Result<CoapUri, UriError> {
         (_, Scheme::Coaps) => bail!(
             "unsupported scheme 'coaps' here: only coap:// (CoAP over UDP, no DTLS) is supported"
         ),
-        (_, Scheme::CoapTcp) => {
-            bail!("unsupported scheme 'coap+tcp' here: only coap:// (CoAP over UDP) is supported")
+        (_, Scheme::CoapTcp | Scheme::CoapsTcp) => {
+            bail!(
+                "unsupported scheme '{}' here: only coap:// (CoAP over UDP) is supported",
+                tcp_name(s)
+            )
         }
     }
 }
@@ -80,10 +83,18 @@ pub fn parse_any(s: &str) -> Result<(CoapUri, bool), UriError> {
     match parse_scheme(s)? {
         (u, Scheme::Coap) => Ok((u, false)),
         (u, Scheme::Coaps) => Ok((u, true)),
-        (_, Scheme::CoapTcp) => {
-            bail!("unsupported scheme 'coap+tcp' here: coap:// (CoAP over UDP) or coaps:// (over DTLS)")
+        (_, Scheme::CoapTcp | Scheme::CoapsTcp) => {
+            bail!(
+                "unsupported scheme '{}' here: coap:// (CoAP over UDP) or coaps:// (over DTLS)",
+                tcp_name(s)
+            )
         }
     }
+}
+
+/// `coap+tcp` or `coaps+tcp`, as `s` spells it.
+fn tcp_name(s: &str) -> &str {
+    s.split_once("://").map_or(s, |(scheme, _)| scheme)
 }
 
 /// The transport a URI names.
@@ -95,6 +106,8 @@ pub enum Scheme {
     Coaps,
     /// `coap+tcp://`: TCP (RFC 8323 8.1; port 5683 when absent).
     CoapTcp,
+    /// `coaps+tcp://`: TLS over TCP (RFC 8323 8.2; port 5684 when absent).
+    CoapsTcp,
 }
 
 /// Like [`parse`], for every scheme of [`Scheme`].
@@ -108,13 +121,15 @@ pub fn parse_scheme(s: &str) -> Result<(CoapUri, Scheme), UriError> {
         Scheme::Coaps
     } else if scheme.eq_ignore_ascii_case("coap+tcp") {
         Scheme::CoapTcp
+    } else if scheme.eq_ignore_ascii_case("coaps+tcp") {
+        Scheme::CoapsTcp
     } else {
         bail!(
-            "unsupported scheme '{scheme}': coap:// (CoAP over UDP), coaps:// (over DTLS) or \
-             coap+tcp:// (over TCP)"
+            "unsupported scheme '{scheme}': coap:// (CoAP over UDP), coaps:// (over DTLS), \
+             coap+tcp:// (over TCP) or coaps+tcp:// (over TLS)"
         );
     };
-    let secure = kind == Scheme::Coaps;
+    let secure = matches!(kind, Scheme::Coaps | Scheme::CoapsTcp);
     if rest.contains('#') {
         bail!("a CoAP URI must not have a fragment ('#...')");
     }
@@ -358,6 +373,12 @@ mod tests {
     fn coap_tcp_takes_port_5683_by_default() {
         let (u, k) = parse_scheme("coap+tcp://127.0.0.1/a?b").unwrap();
         assert_eq!((k, u.port), (Scheme::CoapTcp, 5683));
+        let (tls, k) = parse_scheme("COAPS+TCP://localhost/a").unwrap();
+        assert_eq!((k, tls.port), (Scheme::CoapsTcp, 5684));
+        assert!(parse_any("coaps+tcp://h/")
+            .unwrap_err()
+            .to_string()
+            .contains("'coaps+tcp' here"));
         assert_eq!(opts(&u), [(11, "a".into()), (15, "b".into())]);
         assert_eq!(parse_scheme("COAP+TCP://[::1]:9/").unwrap().0.port, 9);
         assert_eq!(parse_scheme("coaps://h/").unwrap().1, Scheme::Coaps);

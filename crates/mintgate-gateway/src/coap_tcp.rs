@@ -415,16 +415,7 @@ pub fn tls_config(
     require: bool,
 ) -> Result<Arc<rustls::ServerConfig>, String> {
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = |p: &std::path::Path| -> Result<Vec<CertificateDer<'static>>, String> {
-        let v: Vec<_> = CertificateDer::pem_file_iter(p)
-            .and_then(|i| i.collect::<Result<_, _>>())
-            .map_err(|e| format!("reading certificates from {}: {e}", p.display()))?;
-        if v.is_empty() {
-            return Err(format!("no certificate in {}", p.display()));
-        }
-        Ok(v)
-    };
+    use rustls::pki_types::PrivateKeyDer;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -458,6 +449,52 @@ pub fn tls_config(
     let mut cfg = builder
         .with_single_cert(certs(chain)?, key)
         .map_err(|e| format!("the certificate and key: {e}"))?;
+    cfg.alpn_protocols = vec![b"coap".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// The certificates of a PEM file, at least one.
+fn certs(p: &std::path::Path) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let v: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(p)
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .map_err(|e| format!("reading certificates from {}: {e}", p.display()))?;
+    if v.is_empty() {
+        return Err(format!("no certificate in {}", p.display()));
+    }
+    Ok(v)
+}
+
+/// The TLS configuration of a `coaps+tcp` client (`mintgate get
+/// coaps+tcp://...`): the server's certificate must chain to `ca` (PEM)
+/// and name the host; with `cert` and `key`, a client certificate; TLS 1.2
+/// and 1.3, ALPN `coap` (RFC 8323 4.1).
+pub fn client_tls_config(
+    ca: &std::path::Path,
+    cert_key: Option<(&std::path::Path, &std::path::Path)>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs(ca)? {
+        roots
+            .add(c)
+            .map_err(|e| format!("a CA certificate in {}: {e}", ca.display()))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| format!("TLS versions: {e}"))?
+        .with_root_certificates(roots);
+    let mut cfg = match cert_key {
+        Some((chain, key)) => {
+            let k = rustls::pki_types::PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| format!("reading a private key from {}: {e}", key.display()))?;
+            builder
+                .with_client_auth_cert(certs(chain)?, k)
+                .map_err(|e| format!("the client certificate and key: {e}"))?
+        }
+        None => builder.with_no_client_auth(),
+    };
     cfg.alpn_protocols = vec![b"coap".to_vec()];
     Ok(Arc::new(cfg))
 }
