@@ -318,3 +318,49 @@ fn server_size(sim: &Sim, s: NodeId) -> (usize, usize, usize) {
     let (z, _) = sensor(sim, s).endpoint().dedup_summary();
     (z.entries, z.queued, z.bytes)
 }
+
+/// The per-source cap, over simulated links: three observers on one host
+/// (one address, three ports) and one on another, with at most two
+/// relations per source. The third from the busy host is answered without
+/// Observe and hears no notifications; the other host is not held back.
+#[test]
+fn one_host_cannot_take_more_than_its_share_of_relations() {
+    let cfg = EndpointConfig {
+        observe: mintgate_coap::server::observe::ObserveConfig {
+            max_per_source: 2,
+            ..Default::default()
+        },
+        ..EndpointConfig::default()
+    };
+    let mut sim = Sim::new(11);
+    let s = sim.add_node(addr(1), Some(Box::new(Sensor::new(cfg))));
+    let busy = SocketAddr::from(([10, 0, 0, 2], 0));
+    let from: Vec<SocketAddr> = (0..3u16)
+        .map(|i| SocketAddr::new(busy.ip(), 40_000 + i))
+        .chain(std::iter::once(addr(3)))
+        .collect();
+    let nodes: Vec<NodeId> = from
+        .iter()
+        .map(|&a| {
+            let o = sim.add_node(
+                a,
+                Some(Box::new(Observer {
+                    server: addr(1),
+                    then: Then::AckFor(Duration::from_secs(3600)),
+                    started: None,
+                    notifications: Vec::new(),
+                })),
+            );
+            sim.connect(s, o, link());
+            o
+        })
+        .collect();
+    sim.run(Duration::from_secs(20));
+    assert_eq!(sensor(&sim, s).endpoint().observers(), 3, "2 + 1");
+    let heard: Vec<usize> = nodes
+        .iter()
+        .map(|&n| sim.app_as::<Observer>(n).unwrap().notifications.len())
+        .collect();
+    assert_eq!(heard.iter().filter(|&&h| h == 0).count(), 1, "{heard:?}");
+    assert!(heard[3] >= 15, "the other host is served: {heard:?}");
+}
