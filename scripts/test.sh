@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s (at %dm%02ds)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 # Debian packages the tests need. apt-get update first: a new machine's lists are empty.
-PKGS=(libcoap3-bin mosquitto mosquitto-clients valgrind libssl-dev pkg-config socat)
+PKGS=(libcoap3-bin mosquitto mosquitto-clients valgrind libssl-dev pkg-config socat openssl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -80,6 +80,13 @@ fi
 if ! target/py-venv/bin/python -c 'import pymodbus, serial' 2>/dev/null; then
   step "installing pymodbus[serial] into target/py-venv"
   target/py-venv/bin/pip install -q 'pymodbus[serial]>=3.16,<3.17'
+fi
+# asyncua: an OPC UA server no one here wrote, for the OPC UA devices'
+# interop tests (tests/opcua_asyncua.rs, tests/opcua_peer.py; their
+# certificates are made by openssl, from Debian's openssl package)
+if ! target/py-venv/bin/python -c 'import asyncua' 2>/dev/null; then
+  step "installing asyncua into target/py-venv"
+  target/py-venv/bin/pip install -q 'asyncua>=2.1,<2.2'
 fi
 
 # The MQTT lab's peer: Eclipse Paho (Java), the paper's client, built with
