@@ -15,131 +15,30 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    closed_port, coap_get, free_tcp, free_udp, http, metric, mintgate, tmp_dir, write_config,
-    Serve, BIN,
+    closed_port, coap_get, field_link, free_tcp, free_udp, http, metric, mintgate, observe, text,
+    tmp_dir, venv_python, wait_until, write_config, PyPeer, Serve,
 };
 
 fn python() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/py-venv/bin/python");
-    let ok = Command::new(&p)
-        .args(["-c", "import asyncua"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
-            "asyncua is required (MINTGATE_REQUIRE_PEERS is set) but target/py-venv has none"
-        );
-        eprintln!("skipping: asyncua is not in target/py-venv (scripts/test.sh installs it)");
-        return None;
-    }
-    Some(p)
+    venv_python("asyncua")
 }
 
-/// The asyncua server, killed on drop.
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-    port: u16,
+fn start_peer(py: &Path, port: Option<u16>, args: &[&str]) -> PyPeer {
+    PyPeer::start(py, "opcua_peer.py", port, args)
 }
 
-impl Peer {
-    /// On `port`, or on a free one (tried a few times: a port found free
-    /// may be taken before the server binds it); `args` go to the script.
-    fn start(py: &Path, port: Option<u16>, args: &[&str]) -> Peer {
-        for _ in 0..5 {
-            let port = port.unwrap_or_else(free_tcp);
-            let mut child = Command::new(py)
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/opcua_peer.py"))
-                .arg(port.to_string())
-                .args(args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start the asyncua server");
-            let out = child.stdout.take().unwrap();
-            let (tx, lines) = mpsc::channel();
-            std::thread::spawn(move || {
-                for l in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(l).is_err() {
-                        break;
-                    }
-                }
-            });
-            let stdin = child.stdin.take().unwrap();
-            let p = Peer {
-                child,
-                stdin,
-                lines,
-                port,
-            };
-            if p.lines.recv_timeout(Duration::from_secs(20)).as_deref() == Ok("ready") {
-                return p;
-            }
-        }
-        panic!("the asyncua server did not start");
-    }
-
-    fn cmd(&mut self, c: &str) -> String {
-        writeln!(self.stdin, "{c}").unwrap();
-        self.lines
-            .recv_timeout(Duration::from_secs(10))
-            .expect("an answer from the asyncua server")
-    }
-
-    fn url(&self) -> String {
-        format!("opc.tcp://127.0.0.1:{}/mintgate/", self.port)
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-fn text(b: Option<Vec<u8>>) -> Option<String> {
-    b.map(|b| String::from_utf8_lossy(&b).into_owned())
+fn url(p: &PyPeer) -> String {
+    format!("opc.tcp://127.0.0.1:{}/mintgate/", p.port)
 }
 
 fn node(name: &str, rest: &str) -> String {
     format!("[[devices.list.nodes]]\nname = \"{name}\"\n{rest}\n")
-}
-
-/// The dashboard's `link` of device `name`.
-fn link(metrics: u16, name: &str) -> serde_json::Value {
-    let (_, _, state) = http(metrics, "GET", "/api/state", &[], b"");
-    let v: serde_json::Value = serde_json::from_str(&state).unwrap();
-    v["devices"]["list"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == name)
-        .unwrap_or_else(|| panic!("no device {name} in {v}"))["link"]
-        .clone()
 }
 
 #[test]
@@ -147,7 +46,7 @@ fn opcua_nodes_read_observed_and_written_against_asyncua() {
     let Some(py) = python() else {
         return;
     };
-    let mut peer = Peer::start(&py, None, &[]);
+    let mut peer = start_peer(&py, None, &[]);
     let dead = closed_port(true);
     let dir = tmp_dir("opcua-asyncua");
     let (coap, metrics) = (free_udp(), free_tcp());
@@ -157,7 +56,7 @@ fn opcua_nodes_read_observed_and_written_against_asyncua() {
          links = [\"ua.count | threshold(5000, 4500) -> actuator(ua.relay)\"]\n\
          [[devices.list]]\nname = \"ua\"\nkind = \"opcua\"\nendpoint = \"{}\"\n\
          timeout = \"5s\"\nperiod = \"50ms\"\npublishing_interval = \"50ms\"\n",
-        peer.url()
+        url(&peer)
     );
     for (name, rest) in [
         ("temp", "node = \"ns=2;s=Temperature\"\nunit = \"Cel\""),
@@ -211,31 +110,13 @@ fn opcua_nodes_read_observed_and_written_against_asyncua() {
     // a string node and a missing node: no value (5.03), and why
     assert_eq!(get("sensors/ua.name"), None);
     assert_eq!(get("sensors/ua.nope"), None);
-    let row = link(metrics, "ua.nope");
+    let row = field_link(metrics, "ua.nope");
     assert_eq!(row["connected"], true, "{row}");
     assert_eq!(get("sensors/dead.x"), None);
 
     // an observer sees a change the test makes in the server
     let uri = |p: &str| format!("coap://{gw}/{p}");
-    let mut obs = Command::new(BIN)
-        .args([
-            "observe",
-            &uri("sensors/ua.count"),
-            "--json",
-            "--duration",
-            "15s",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, notes) = mpsc::channel();
-    let out = obs.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send((Instant::now(), l));
-        }
-    });
+    let (mut obs, notes) = observe(&uri("sensors/ua.count"));
     let (_, l) = notes
         .recv_timeout(Duration::from_secs(10))
         .expect("the registration's answer");
@@ -303,7 +184,7 @@ fn opcua_nodes_read_observed_and_written_against_asyncua() {
     assert!(val(&t, "mintgate_field_writes_total", "ua") >= 5.0, "{t}");
     assert_eq!(val(&t, "mintgate_field_connected", "dead"), 0.0, "{t}");
     assert!(val(&t, "mintgate_field_errors_total", "dead") >= 1.0, "{t}");
-    let dead_err = link(metrics, "dead.x")["last_error"]
+    let dead_err = field_link(metrics, "dead.x")["last_error"]
         .as_str()
         .unwrap_or("")
         .to_string();
@@ -323,13 +204,13 @@ fn opcua_nodes_read_observed_and_written_against_asyncua() {
     });
     assert!(lost.is_some(), "{}", m());
     assert_eq!(get("sensors/ua.count"), None);
-    let err = link(metrics, "ua.count")["last_error"]
+    let err = field_link(metrics, "ua.count")["last_error"]
         .as_str()
         .unwrap_or("")
         .to_string();
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     let restarted = Instant::now();
-    let _peer = Peer::start(&py, Some(port), &[]);
+    let _peer = start_peer(&py, Some(port), &[]);
     let back = wait_until(Duration::from_secs(15), || get("sensors/ua.count"));
     assert_eq!(back.as_deref(), Some("1234"), "a fresh server's value");
     eprintln!("server restart to value back: {:?}", restarted.elapsed());
@@ -394,7 +275,7 @@ fn opcua_security_and_users_against_asyncua() {
     std::fs::copy(dir.join("server.der"), trust.join("plc.der")).unwrap();
     std::fs::write(dir.join("pw"), "s3cret-pw\n").unwrap();
     std::fs::write(dir.join("wrong"), "wr0ng-pw\n").unwrap();
-    let mut peer = Peer::start(
+    let mut peer = start_peer(
         &py,
         None,
         &[
@@ -411,7 +292,7 @@ fn opcua_security_and_users_against_asyncua() {
         format!(
             "[[devices.list]]\nname = \"{name}\"\nkind = \"opcua\"\nendpoint = \"{}\"\n\
              timeout = \"10s\"\nperiod = \"100ms\"\n{rest}\n{}{}",
-            peer.url(),
+            url(&peer),
             node("temp", "node = \"ns=2;s=Temperature\""),
             node(
                 "speed",
@@ -479,7 +360,7 @@ fn opcua_security_and_users_against_asyncua() {
     // no value, and the reason on the dashboard
     let why = |name: &str| {
         wait_until(Duration::from_secs(20), || {
-            link(metrics, name)["last_error"]
+            field_link(metrics, name)["last_error"]
                 .as_str()
                 .map(str::to_owned)
         })

@@ -339,6 +339,19 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
     Ok(())
 }
 
+/// A field device's `timeout`, `1ms..=60s` (`default` when absent).
+fn field_timeout(spec: &DeviceSpec, default: Duration) -> Result<Duration, DeviceError> {
+    let Some(t) = spec.timeout.as_deref() else {
+        return Ok(default);
+    };
+    let d = crate::parse::duration(t).map_err(|e| cfg_err(spec, format!("timeout: {e}")))?;
+    if (Duration::from_millis(1)..=Duration::from_secs(60)).contains(&d) {
+        Ok(d)
+    } else {
+        Err(cfg_err(spec, format!("timeout `{t}` is outside 1ms..=60s")))
+    }
+}
+
 /// The keys only an OPC UA device takes.
 const UA: &[DeviceKind] = &[DeviceKind::Opcua];
 
@@ -432,18 +445,7 @@ fn opcua_endpoint(
         }
         (Some(_), _, _) => Some(crate::opcua::client::Secret(String::new())),
     };
-    let timeout = match spec.timeout.as_deref() {
-        None => crate::opcua::DEFAULT_TIMEOUT,
-        Some(t) => crate::parse::duration(t)
-            .map_err(|e| cfg_err(spec, format!("timeout: {e}")))
-            .and_then(|d| {
-                if (Duration::from_millis(1)..=Duration::from_secs(60)).contains(&d) {
-                    Ok(d)
-                } else {
-                    Err(cfg_err(spec, format!("timeout `{t}` is outside 1ms..=60s")))
-                }
-            })?,
-    };
+    let timeout = field_timeout(spec, crate::opcua::DEFAULT_TIMEOUT)?;
     let publishing = match spec.publishing_interval.as_deref() {
         None => nodes
             .iter()
@@ -624,18 +626,7 @@ fn modbus_endpoint(spec: &DeviceSpec) -> Result<crate::modbus::client::Endpoint,
             }
         }
     }
-    let timeout = match spec.timeout.as_deref() {
-        None => crate::modbus::DEFAULT_TIMEOUT,
-        Some(t) => crate::parse::duration(t)
-            .map_err(|e| cfg_err(spec, format!("timeout: {e}")))
-            .and_then(|d| {
-                if (Duration::from_millis(1)..=Duration::from_secs(60)).contains(&d) {
-                    Ok(d)
-                } else {
-                    Err(cfg_err(spec, format!("timeout `{t}` is outside 1ms..=60s")))
-                }
-            })?,
-    };
+    let timeout = field_timeout(spec, crate::modbus::DEFAULT_TIMEOUT)?;
     let retries = spec.retries.unwrap_or(crate::modbus::DEFAULT_RETRIES);
     if retries > 10 {
         return Err(cfg_err(
