@@ -124,7 +124,7 @@ RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/asan \
   cargo +nightly test -p mintgate-buf --target "$host" --lib --test pool_threads 2>&1 \
   | tee -a target/test-output.txt
 
-# Every target (17) built in the dev profile (half the build time of
+# Every target (19) built in the dev profile (half the build time of
 # release) and run 5 s each, then every committed corpus replayed: about 3
 # minutes. Longer runs: scripts/fuzz.sh SECONDS.
 fuzz_s="${MINTGATE_FUZZ_SECONDS:-5}"

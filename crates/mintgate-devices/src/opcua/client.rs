@@ -524,8 +524,10 @@ async fn session(
     }
     c.connected.store(true, Ordering::Relaxed);
     if let Err(e) = subscribe(s, &session).await {
+        // a server that takes sessions but no subscription is retried
+        // with the growing wait, as one that refuses sessions
         s.fail(&format!("subscribing at {url}: {e}"));
-        return End::WasUp;
+        return End::Failed;
     }
     loop {
         tokio::select! {
