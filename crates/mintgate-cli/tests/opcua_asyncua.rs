@@ -192,7 +192,8 @@ fn opcua_nodes_read_observed_and_written_against_asyncua() {
         dead_err.contains(&format!("127.0.0.1:{dead}")),
         "{dead_err}"
     );
-    // the refused PUT and the two bad nodes are counted
+    // the two bad nodes are counted (a PUT the type cannot hold is refused
+    // before it reaches the server: not a connection error)
     assert!(val(&t, "mintgate_field_errors_total", "ua") >= 2.0, "{t}");
 
     // the server stops and comes back on its port: reported, then recovered
