@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s (at %dm%02ds)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 # Debian packages the tests need. apt-get update first: a new machine's lists are empty.
-PKGS=(libcoap3-bin mosquitto mosquitto-clients valgrind libssl-dev pkg-config socat)
+PKGS=(libcoap3-bin mosquitto mosquitto-clients valgrind libssl-dev pkg-config socat openssl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -81,6 +81,13 @@ if ! target/py-venv/bin/python -c 'import pymodbus, serial' 2>/dev/null; then
   step "installing pymodbus[serial] into target/py-venv"
   target/py-venv/bin/pip install -q 'pymodbus[serial]>=3.16,<3.17'
 fi
+# asyncua: an OPC UA server no one here wrote, for the OPC UA devices'
+# interop tests (tests/opcua_asyncua.rs, tests/opcua_peer.py; their
+# certificates are made by openssl, from Debian's openssl package)
+if ! target/py-venv/bin/python -c 'import asyncua' 2>/dev/null; then
+  step "installing asyncua into target/py-venv"
+  target/py-venv/bin/pip install -q 'asyncua>=2.1,<2.2'
+fi
 
 # The MQTT lab's peer: Eclipse Paho (Java), the paper's client, built with
 # Maven from Maven Central (the lab test requires it under
@@ -117,7 +124,7 @@ RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/asan \
   cargo +nightly test -p mintgate-buf --target "$host" --lib --test pool_threads 2>&1 \
   | tee -a target/test-output.txt
 
-# Every target (17) built in the dev profile (half the build time of
+# Every target (19) built in the dev profile (half the build time of
 # release) and run 5 s each, then every committed corpus replayed: about 3
 # minutes. Longer runs: scripts/fuzz.sh SECONDS.
 fuzz_s="${MINTGATE_FUZZ_SECONDS:-5}"

@@ -176,7 +176,10 @@ fn log_filter(flag: Option<&str>, rust_log: Option<&str>) -> String {
     // The embedded MQTT broker (rumqttd) logs every client disconnect as an
     // error: silent unless asked for by name. The NATS client says every
     // connection at info (the JetStream output logs its own): warnings only
-    // unless asked for by name.
+    // unless asked for by name. The OPC UA client (async-opcua) logs every
+    // failed connect attempt at error level, several lines each; the OPC UA
+    // driver logs each new error of a server once (and keeps it on the
+    // dashboard): silent unless asked for by name (`opcua_client=debug`).
     let mut f = filter.to_owned();
     if !filter.contains("rumqttd") {
         f.push_str(",rumqttd=off");
@@ -184,8 +187,14 @@ fn log_filter(flag: Option<&str>, rust_log: Option<&str>) -> String {
     if !filter.contains("async_nats") {
         f.push_str(",async_nats=warn");
     }
+    if !filter.contains("opcua_") {
+        f.push_str(OPCUA_OFF);
+    }
     f
 }
+
+/// The OPC UA client's crates, silenced.
+const OPCUA_OFF: &str = ",opcua_client=off,opcua_core=off,opcua_crypto=off,opcua_types=off";
 
 fn init_logging(flag: Option<&str>, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
@@ -195,7 +204,7 @@ fn init_logging(flag: Option<&str>, format: LogFormat) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("mintgate: warning: bad log filter '{text}' ({e}); logging at info");
-            EnvFilter::new("info,rumqttd=off,async_nats=warn")
+            EnvFilter::new(format!("info,rumqttd=off,async_nats=warn{OPCUA_OFF}"))
         }
     };
     // colours only for a terminal (and not under NO_COLOR): a log file or a
@@ -247,7 +256,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::log_filter;
+    use super::{log_filter, OPCUA_OFF};
 
     #[test]
     fn durations_take_units_where_the_help_says_so() {
@@ -299,20 +308,27 @@ mod tests {
     fn the_log_flag_wins_over_rust_log() {
         assert_eq!(
             log_filter(Some("debug"), Some("error")),
-            "debug,rumqttd=off,async_nats=warn"
+            format!("debug,rumqttd=off,async_nats=warn{OPCUA_OFF}")
         );
         assert_eq!(
             log_filter(None, Some("error")),
-            "error,rumqttd=off,async_nats=warn"
+            format!("error,rumqttd=off,async_nats=warn{OPCUA_OFF}")
         );
-        assert_eq!(log_filter(None, None), "info,rumqttd=off,async_nats=warn");
+        assert_eq!(
+            log_filter(None, None),
+            format!("info,rumqttd=off,async_nats=warn{OPCUA_OFF}")
+        );
         assert_eq!(
             log_filter(Some("rumqttd=warn"), None),
-            "rumqttd=warn,async_nats=warn"
+            format!("rumqttd=warn,async_nats=warn{OPCUA_OFF}")
         );
         assert_eq!(
             log_filter(Some("async_nats=debug"), None),
-            "async_nats=debug,rumqttd=off"
+            format!("async_nats=debug,rumqttd=off{OPCUA_OFF}")
+        );
+        assert_eq!(
+            log_filter(Some("info,opcua_client=debug"), None),
+            "info,opcua_client=debug,rumqttd=off,async_nats=warn"
         );
     }
 }

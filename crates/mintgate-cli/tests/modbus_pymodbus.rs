@@ -12,109 +12,24 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    closed_port, coap_get, free_tcp, free_udp, http, metric, mintgate, tmp_dir, write_config,
-    Serve, BIN,
+    closed_port, coap_get, field_link, free_tcp, free_udp, http, metric, mintgate, observe, text,
+    tmp_dir, venv_python, wait_until, write_config, PyPeer, Serve,
 };
 
 fn python() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/py-venv/bin/python");
-    let ok = Command::new(&p)
-        .args(["-c", "import pymodbus"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
-            "pymodbus is required (MINTGATE_REQUIRE_PEERS is set) but target/py-venv has none"
-        );
-        eprintln!("skipping: pymodbus is not in target/py-venv (scripts/test.sh installs it)");
-        return None;
-    }
-    Some(p)
+    venv_python("pymodbus")
 }
 
-/// The pymodbus server, killed on drop.
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-    port: u16,
-}
-
-impl Peer {
-    /// On `port`, or on a free one (tried a few times: a port found free
-    /// may be taken before the server binds it).
-    fn start(py: &PathBuf, port: Option<u16>) -> Peer {
-        for _ in 0..5 {
-            let port = port.unwrap_or_else(free_tcp);
-            let mut child = Command::new(py)
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/modbus_peer.py"))
-                .arg(port.to_string())
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start the pymodbus server");
-            let out = child.stdout.take().unwrap();
-            let (tx, lines) = mpsc::channel();
-            std::thread::spawn(move || {
-                for l in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(l).is_err() {
-                        break;
-                    }
-                }
-            });
-            let stdin = child.stdin.take().unwrap();
-            let p = Peer {
-                child,
-                stdin,
-                lines,
-                port,
-            };
-            if p.lines.recv_timeout(Duration::from_secs(20)).as_deref() == Ok("ready") {
-                return p;
-            }
-        }
-        panic!("the pymodbus server did not start");
-    }
-
-    fn cmd(&mut self, c: &str) -> String {
-        writeln!(self.stdin, "{c}").unwrap();
-        self.lines
-            .recv_timeout(Duration::from_secs(10))
-            .expect("an answer from the pymodbus server")
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-fn text(b: Option<Vec<u8>>) -> Option<String> {
-    b.map(|b| String::from_utf8_lossy(&b).into_owned())
+/// The pymodbus server (tests/modbus_peer.py), killed on drop.
+fn start_peer(py: &Path, port: Option<u16>) -> PyPeer {
+    PyPeer::start(py, "modbus_peer.py", port, &[])
 }
 
 #[test]
@@ -122,7 +37,7 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
     let Some(py) = python() else {
         return;
     };
-    let mut peer = Peer::start(&py, None);
+    let mut peer = start_peer(&py, None);
     // a server that accepts and never answers, and a port nothing listens on
     let mute = TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = closed_port(true);
@@ -215,25 +130,7 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
 
     // an observer sees a change the test makes in the server
     let uri = |p: &str| format!("coap://{gw}/{p}");
-    let mut obs = Command::new(BIN)
-        .args([
-            "observe",
-            &uri("sensors/plc.count"),
-            "--json",
-            "--duration",
-            "15s",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, notes) = mpsc::channel();
-    let out = obs.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send((Instant::now(), l));
-        }
-    });
+    let (mut obs, notes) = observe(&uri("sensors/plc.count"));
     let (_, l) = notes
         .recv_timeout(Duration::from_secs(10))
         .expect("the registration's answer");
@@ -344,17 +241,7 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
         Some(1.0)
     );
     // the dashboard's rows say why
-    let (_, _, state) = http(metrics, "GET", "/api/state", &[], b"");
-    let v: serde_json::Value = serde_json::from_str(&state).unwrap();
-    let row = |name: &str| {
-        v["devices"]["list"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["name"] == name)
-            .unwrap()["link"]
-            .clone()
-    };
+    let row = |name: &str| field_link(metrics, name);
     let mute_err = row("mute.x")["last_error"]
         .as_str()
         .unwrap_or("")
@@ -388,7 +275,7 @@ fn modbus_points_read_observed_and_written_against_pymodbus() {
     };
     assert!(wait_until(Duration::from_secs(10), || (errs() > 0.0).then_some(())).is_some());
     assert_eq!(get("sensors/plc.count"), None);
-    let _peer = Peer::start(&py, Some(port));
+    let _peer = start_peer(&py, Some(port));
     let back = wait_until(Duration::from_secs(10), || get("sensors/plc.count"));
     assert_eq!(back.as_deref(), Some("1234"), "a fresh server's value");
     let t = m();

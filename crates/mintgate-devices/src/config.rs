@@ -27,6 +27,10 @@ pub enum DeviceKind {
     /// `parity`, `stop_bits`), with `unit_id`, `timeout`, `retries` and
     /// `points`: each point is a device `NAME.POINT`.
     Modbus,
+    /// An OPC UA server (`endpoint`, `security_policy`, `security_mode`,
+    /// certificates, `user`) with `nodes`: each node is a device
+    /// `NAME.NODE`.
+    Opcua,
 }
 
 impl DeviceKind {
@@ -123,6 +127,53 @@ pub struct DeviceSpec {
     /// `modbus`: its points (`[[devices.list.points]]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub points: Vec<crate::modbus::PointSpec>,
+    /// `opcua`: the server's endpoint URL, `opc.tcp://host:port/path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// `opcua`: `None` (the default) or `Basic256Sha256`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_policy: Option<crate::opcua::Policy>,
+    /// `opcua`: `None`, `Sign` or `SignAndEncrypt` (default: `None` with
+    /// the policy `None`, else `SignAndEncrypt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_mode: Option<crate::opcua::Mode>,
+    /// `opcua`: the client's certificate (`.der` or `.pem`), needed by
+    /// `Basic256Sha256`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<PathBuf>,
+    /// `opcua`: the client's private key (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<PathBuf>,
+    /// `opcua`: the client's application URI, the first subjectAltName of
+    /// its certificate (default `urn:mintgate:gateway`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application_uri: Option<String>,
+    /// `opcua`: the server's certificate, trusted (`.der` or `.pem`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_certificate: Option<PathBuf>,
+    /// `opcua`: a directory whose `.der` and `.pem` certificates are trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trusted_certificates: Option<PathBuf>,
+    /// `opcua`: trust any server certificate (default false; for a test
+    /// bench, never for a plant).
+    #[serde(default)]
+    pub trust_any_server_certificate: bool,
+    /// `opcua`: the user name (anonymous when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// `opcua`: a file holding the user's password (one line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// `opcua`: an environment variable holding the user's password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_env: Option<String>,
+    /// `opcua`: the subscription's publishing interval (default: the
+    /// shortest sampling interval of its nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publishing_interval: Option<String>,
+    /// `opcua`: its nodes (`[[devices.list.nodes]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<crate::opcua::NodeSpec>,
 }
 
 impl DeviceSpec {
@@ -152,6 +203,9 @@ impl DeviceSpec {
             (DeviceKind::SimSensor | DeviceKind::AttrSensor, p) => p.map(crate::parse::duration),
             (DeviceKind::Modbus, p) => {
                 Some(p.map_or(Ok(crate::modbus::DEFAULT_PERIOD), crate::parse::duration))
+            }
+            (DeviceKind::Opcua, p) => {
+                Some(p.map_or(Ok(crate::opcua::DEFAULT_PERIOD), crate::parse::duration))
             }
             _ => None,
         };
@@ -190,14 +244,30 @@ impl DeviceSpec {
             timeout: None,
             retries: None,
             points: Vec::new(),
+            endpoint: None,
+            security_policy: None,
+            security_mode: None,
+            certificate: None,
+            private_key: None,
+            application_uri: None,
+            server_certificate: None,
+            trusted_certificates: None,
+            trust_any_server_certificate: false,
+            user: None,
+            password_file: None,
+            password_env: None,
+            publishing_interval: None,
+            nodes: Vec::new(),
         }
     }
 
-    /// Whether it is an actuator: by its kind, and for a Modbus point (a
-    /// declaration [`DeviceSpec::expand`] made) by its `writable`.
+    /// Whether it is an actuator: by its kind, and for a Modbus point or
+    /// an OPC UA node (a declaration [`DeviceSpec::expand`] made) by its
+    /// `writable`.
     pub fn is_actuator(&self) -> bool {
         match self.kind {
             DeviceKind::Modbus => self.points.len() == 1 && self.points[0].writable,
+            DeviceKind::Opcua => self.nodes.len() == 1 && self.nodes[0].writable,
             k => k.is_actuator(),
         }
     }
@@ -205,22 +275,34 @@ impl DeviceSpec {
     /// The devices the declaration makes: itself, or for a Modbus device
     /// one per point, named `NAME.POINT`, with the point's period (else
     /// the device's, else 1 s) and unit (else the device's), and only that
-    /// point in `points`.
+    /// point in `points`; for an OPC UA server likewise one per node.
     pub fn expand(&self) -> Vec<DeviceSpec> {
-        if self.kind != DeviceKind::Modbus {
-            return vec![self.clone()];
+        let one = |name: &str, period: &Option<String>, unit: &Option<String>| {
+            let mut d = self.clone();
+            d.name = format!("{}.{name}", self.name);
+            d.period = period.clone().or_else(|| self.period.clone());
+            d.unit = unit.clone().or_else(|| self.unit.clone());
+            d
+        };
+        match self.kind {
+            DeviceKind::Modbus => self
+                .points
+                .iter()
+                .map(|p| DeviceSpec {
+                    points: vec![p.clone()],
+                    ..one(&p.name, &p.period, &p.unit)
+                })
+                .collect(),
+            DeviceKind::Opcua => self
+                .nodes
+                .iter()
+                .map(|n| DeviceSpec {
+                    nodes: vec![n.clone()],
+                    ..one(&n.name, &n.period, &n.unit)
+                })
+                .collect(),
+            _ => vec![self.clone()],
         }
-        self.points
-            .iter()
-            .map(|p| {
-                let mut d = self.clone();
-                d.name = format!("{}.{}", self.name, p.name);
-                d.period = p.period.clone().or_else(|| self.period.clone());
-                d.unit = p.unit.clone().or_else(|| self.unit.clone());
-                d.points = vec![p.clone()];
-                d
-            })
-            .collect()
     }
 }
 

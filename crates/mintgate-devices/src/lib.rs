@@ -9,7 +9,9 @@
 //!   open (`pread`/`pwrite`).
 //! - [`gpio`]: Linux GPIO character devices through `gpiocdev` (uAPI v2 edge
 //!   events with kernel timestamps; output lines).
-//! - [`modbus`]: Modbus TCP devices, each point a device of its own.
+//! - [`modbus`]: Modbus TCP and RTU devices, each point a device of its own.
+//! - [`opcua`]: OPC UA servers' nodes, read through a subscription, each
+//!   node a device of its own.
 //! - [`manager`]: the finder/linker: devices declared in the config or added
 //!   through the API, started, looked up and removed at run time, each with
 //!   its latest value and a bounded history.
@@ -30,10 +32,12 @@ pub mod clock;
 pub mod config;
 pub mod directpath;
 pub mod driver;
+mod field;
 pub mod gpio;
 pub mod history;
 pub mod manager;
 pub mod modbus;
+pub mod opcua;
 pub mod parse;
 pub mod sim;
 pub mod store;

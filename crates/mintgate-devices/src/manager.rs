@@ -254,6 +254,7 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
                 DeviceKind::SimSensor,
                 DeviceKind::AttrSensor,
                 DeviceKind::Modbus,
+                DeviceKind::Opcua,
             ][..],
         ),
         (spec.host.is_some(), "host", &[DeviceKind::Modbus][..]),
@@ -266,9 +267,39 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
             &[DeviceKind::Modbus][..],
         ),
         (spec.unit_id.is_some(), "unit_id", &[DeviceKind::Modbus][..]),
-        (spec.timeout.is_some(), "timeout", &[DeviceKind::Modbus][..]),
+        (
+            spec.timeout.is_some(),
+            "timeout",
+            &[DeviceKind::Modbus, DeviceKind::Opcua][..],
+        ),
         (spec.retries.is_some(), "retries", &[DeviceKind::Modbus][..]),
         (!spec.points.is_empty(), "points", &[DeviceKind::Modbus][..]),
+        (spec.endpoint.is_some(), "endpoint", UA),
+        (spec.security_policy.is_some(), "security_policy", UA),
+        (spec.security_mode.is_some(), "security_mode", UA),
+        (spec.certificate.is_some(), "certificate", UA),
+        (spec.private_key.is_some(), "private_key", UA),
+        (spec.application_uri.is_some(), "application_uri", UA),
+        (spec.server_certificate.is_some(), "server_certificate", UA),
+        (
+            spec.trusted_certificates.is_some(),
+            "trusted_certificates",
+            UA,
+        ),
+        (
+            spec.trust_any_server_certificate,
+            "trust_any_server_certificate",
+            UA,
+        ),
+        (spec.user.is_some(), "user", UA),
+        (spec.password_file.is_some(), "password_file", UA),
+        (spec.password_env.is_some(), "password_env", UA),
+        (
+            spec.publishing_interval.is_some(),
+            "publishing_interval",
+            UA,
+        ),
+        (!spec.nodes.is_empty(), "nodes", UA),
     ] {
         if set && !kinds.contains(&k) {
             return Err(cfg_err(
@@ -297,12 +328,273 @@ pub fn check_spec(spec: &DeviceSpec) -> Result<(), DeviceError> {
             modbus_endpoint(spec)?;
             modbus_points(spec)?;
         }
+        DeviceKind::Opcua => {
+            opcua_endpoint(spec, &opcua_nodes(spec)?, false)?;
+        }
         _ => {}
     }
     if let Some(d) = &spec.debounce {
         crate::parse::duration(d).map_err(|e| cfg_err(spec, format!("debounce: {e}")))?;
     }
     Ok(())
+}
+
+/// A field device's `timeout`, `1ms..=60s` (`default` when absent).
+fn field_timeout(spec: &DeviceSpec, default: Duration) -> Result<Duration, DeviceError> {
+    let Some(t) = spec.timeout.as_deref() else {
+        return Ok(default);
+    };
+    let d = crate::parse::duration(t).map_err(|e| cfg_err(spec, format!("timeout: {e}")))?;
+    if (Duration::from_millis(1)..=Duration::from_secs(60)).contains(&d) {
+        Ok(d)
+    } else {
+        Err(cfg_err(spec, format!("timeout `{t}` is outside 1ms..=60s")))
+    }
+}
+
+/// The keys only an OPC UA device takes.
+const UA: &[DeviceKind] = &[DeviceKind::Opcua];
+
+/// An OPC UA device's connection settings, checked; the password is read
+/// (from its file or environment variable) only when `secrets` is set, so
+/// that a config check needs neither.
+fn opcua_endpoint(
+    spec: &DeviceSpec,
+    nodes: &[(crate::opcua::NodeSpec, crate::opcua::NodeId, Duration)],
+    secrets: bool,
+) -> Result<crate::opcua::client::Endpoint, DeviceError> {
+    use crate::opcua::{Mode, Policy};
+    let url = spec.endpoint.as_deref().ok_or_else(|| {
+        cfg_err(
+            spec,
+            "needs `endpoint`, e.g. \"opc.tcp://192.0.2.20:4840/\"",
+        )
+    })?;
+    let host = url.strip_prefix("opc.tcp://").unwrap_or_default();
+    if host.is_empty()
+        || host.starts_with(['/', ':'])
+        || url.len() > 1024
+        || url.contains(char::is_whitespace)
+    {
+        return Err(cfg_err(
+            spec,
+            format!("endpoint: `{url}` is not an opc.tcp://host:port/path URL"),
+        ));
+    }
+    let policy = spec.security_policy.unwrap_or_default();
+    let mode = spec.security_mode.unwrap_or(match policy {
+        Policy::None => Mode::None,
+        Policy::Basic256Sha256 => Mode::SignAndEncrypt,
+    });
+    match (policy, mode) {
+        (Policy::None, Mode::None)
+        | (Policy::Basic256Sha256, Mode::Sign | Mode::SignAndEncrypt) => {}
+        (Policy::None, m) => {
+            return Err(cfg_err(
+                spec,
+                format!("security_mode {m:?} needs security_policy \"Basic256Sha256\""),
+            ))
+        }
+        (p, Mode::None) => {
+            return Err(cfg_err(
+                spec,
+                format!("security_policy {p:?} needs security_mode \"Sign\" or \"SignAndEncrypt\""),
+            ))
+        }
+    }
+    if spec.certificate.is_some() != spec.private_key.is_some() {
+        return Err(cfg_err(spec, "`certificate` and `private_key` go together"));
+    }
+    let mut trust: Vec<std::path::PathBuf> = Vec::new();
+    trust.extend(spec.server_certificate.clone());
+    trust.extend(spec.trusted_certificates.clone());
+    if policy != Policy::None {
+        if spec.certificate.is_none() {
+            return Err(cfg_err(
+                spec,
+                format!("security_policy {policy:?} needs `certificate` and `private_key` (the client's)"),
+            ));
+        }
+        if trust.is_empty() && !spec.trust_any_server_certificate {
+            return Err(cfg_err(
+                spec,
+                format!(
+                    "security_policy {policy:?} needs the server's certificate trusted: \
+                     `server_certificate` or `trusted_certificates` \
+                     (or, on a test bench only, trust_any_server_certificate = true)"
+                ),
+            ));
+        }
+    }
+    let password = match (&spec.user, &spec.password_file, &spec.password_env) {
+        (None, None, None) => None,
+        (None, _, _) => {
+            return Err(cfg_err(spec, "a password without `user`"));
+        }
+        (Some(_), Some(_), Some(_)) => {
+            return Err(cfg_err(spec, "`password_file` or `password_env`, not both"));
+        }
+        (Some(u), None, None) => {
+            return Err(cfg_err(
+                spec,
+                format!("user `{u}` needs `password_file` or `password_env` (a password is never written in the config)"),
+            ));
+        }
+        (Some(_), file, env) if secrets => {
+            Some(read_password(spec, file.as_deref(), env.as_deref())?)
+        }
+        (Some(_), _, _) => Some(crate::opcua::client::Secret(String::new())),
+    };
+    let timeout = field_timeout(spec, crate::opcua::DEFAULT_TIMEOUT)?;
+    let publishing = match spec.publishing_interval.as_deref() {
+        None => nodes
+            .iter()
+            .map(|n| n.2)
+            .min()
+            .unwrap_or(crate::opcua::DEFAULT_PERIOD),
+        Some(t) => crate::parse::duration(t)
+            .map_err(|e| cfg_err(spec, format!("publishing_interval: {e}")))?,
+    };
+    if publishing < crate::opcua::MIN_PERIOD {
+        return Err(cfg_err(
+            spec,
+            format!(
+                "publishing_interval is at least {:?}",
+                crate::opcua::MIN_PERIOD
+            ),
+        ));
+    }
+    Ok(crate::opcua::client::Endpoint {
+        name: spec.name.clone(),
+        url: url.to_string(),
+        policy,
+        mode,
+        certificate: spec.certificate.clone(),
+        private_key: spec.private_key.clone(),
+        application_uri: spec
+            .application_uri
+            .clone()
+            .unwrap_or_else(|| "urn:mintgate:gateway".into()),
+        trust,
+        trust_any: spec.trust_any_server_certificate,
+        user: spec.user.clone().zip(password),
+        timeout,
+        publishing,
+    })
+}
+
+/// The password from its file (its first line, at most 1 KiB) or its
+/// environment variable; an error names the source, never the password.
+fn read_password(
+    spec: &DeviceSpec,
+    file: Option<&std::path::Path>,
+    env: Option<&str>,
+) -> Result<crate::opcua::client::Secret, DeviceError> {
+    use std::io::Read as _;
+    let text = match (file, env) {
+        (Some(f), _) => {
+            let mut buf = Vec::new();
+            std::fs::File::open(f)
+                .and_then(|h| h.take(1025).read_to_end(&mut buf))
+                .map_err(|e| cfg_err(spec, format!("password_file {}: {e}", f.display())))?;
+            if buf.len() > 1024 {
+                return Err(cfg_err(
+                    spec,
+                    format!("password_file {}: longer than 1 KiB", f.display()),
+                ));
+            }
+            let t = String::from_utf8(buf)
+                .map_err(|_| cfg_err(spec, format!("password_file {}: not UTF-8", f.display())))?;
+            t.lines().next().unwrap_or_default().to_string()
+        }
+        (None, Some(v)) => {
+            std::env::var(v).map_err(|_| cfg_err(spec, format!("password_env: ${v} is not set")))?
+        }
+        (None, None) => String::new(),
+    };
+    if text.is_empty() {
+        return Err(cfg_err(spec, "the password is empty"));
+    }
+    Ok(crate::opcua::client::Secret(text))
+}
+
+/// An OPC UA device's nodes, checked, each with its parsed id and
+/// sampling interval.
+fn opcua_nodes(
+    spec: &DeviceSpec,
+) -> Result<Vec<(crate::opcua::NodeSpec, crate::opcua::NodeId, Duration)>, DeviceError> {
+    use crate::opcua::{check_node, DEFAULT_PERIOD, MAX_NODES, MIN_PERIOD};
+    if !(1..=MAX_NODES).contains(&spec.nodes.len()) {
+        return Err(cfg_err(
+            spec,
+            format!(
+                "needs 1 to {MAX_NODES} `nodes` ([[devices.list.nodes]]), has {}",
+                spec.nodes.len()
+            ),
+        ));
+    }
+    let mut names = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(spec.nodes.len());
+    for n in &spec.nodes {
+        let id = check_node(n).map_err(|e| cfg_err(spec, e))?;
+        point_name(spec, &n.name, &mut names)?;
+        let period = point_period(
+            spec,
+            &n.name,
+            n.period.as_deref(),
+            DEFAULT_PERIOD,
+            MIN_PERIOD,
+        )?;
+        out.push((n.clone(), id, period));
+    }
+    Ok(out)
+}
+
+/// Checks the name of a point (or node) of `spec`: valid as part of its
+/// device's name, and not taken by another point of it.
+fn point_name<'a>(
+    spec: &DeviceSpec,
+    name: &'a str,
+    names: &mut std::collections::HashSet<&'a str>,
+) -> Result<(), DeviceError> {
+    if !crate::directpath::link::valid_name(name)
+        || !crate::directpath::link::valid_name(&format!("{}.{name}", spec.name))
+    {
+        return Err(cfg_err(
+            spec,
+            format!(
+                "point `{name}`: the device `{}.{name}` needs a name of 1-32 of A-Z a-z 0-9 _ - .",
+                spec.name
+            ),
+        ));
+    }
+    if !names.insert(name) {
+        return Err(cfg_err(spec, format!("point `{name}` is declared twice")));
+    }
+    Ok(())
+}
+
+/// A point's period: its own, else the device's, else `default`; at least
+/// `min`.
+fn point_period(
+    spec: &DeviceSpec,
+    name: &str,
+    own: Option<&str>,
+    default: Duration,
+    min: Duration,
+) -> Result<Duration, DeviceError> {
+    let period = match own.or(spec.period.as_deref()) {
+        None => default,
+        Some(t) => crate::parse::duration(t)
+            .map_err(|e| cfg_err(spec, format!("point `{name}`: period: {e}")))?,
+    };
+    if period < min {
+        return Err(cfg_err(
+            spec,
+            format!("point `{name}`: a period is at least {min:?}"),
+        ));
+    }
+    Ok(period)
 }
 
 /// A Modbus device's connection settings, checked.
@@ -334,18 +626,7 @@ fn modbus_endpoint(spec: &DeviceSpec) -> Result<crate::modbus::client::Endpoint,
             }
         }
     }
-    let timeout = match spec.timeout.as_deref() {
-        None => crate::modbus::DEFAULT_TIMEOUT,
-        Some(t) => crate::parse::duration(t)
-            .map_err(|e| cfg_err(spec, format!("timeout: {e}")))
-            .and_then(|d| {
-                if (Duration::from_millis(1)..=Duration::from_secs(60)).contains(&d) {
-                    Ok(d)
-                } else {
-                    Err(cfg_err(spec, format!("timeout `{t}` is outside 1ms..=60s")))
-                }
-            })?,
-    };
+    let timeout = field_timeout(spec, crate::modbus::DEFAULT_TIMEOUT)?;
     let retries = spec.retries.unwrap_or(crate::modbus::DEFAULT_RETRIES);
     if retries > 10 {
         return Err(cfg_err(
@@ -426,34 +707,14 @@ fn modbus_points(
     let mut out = Vec::with_capacity(spec.points.len());
     for p in &spec.points {
         check_point(p).map_err(|e| cfg_err(spec, e))?;
-        if !crate::directpath::link::valid_name(&p.name)
-            || !crate::directpath::link::valid_name(&format!("{}.{}", spec.name, p.name))
-        {
-            return Err(cfg_err(
-                spec,
-                format!(
-                    "point `{}`: the device `{}.{}` needs a name of 1-32 of A-Z a-z 0-9 _ - .",
-                    p.name, spec.name, p.name
-                ),
-            ));
-        }
-        if !names.insert(p.name.as_str()) {
-            return Err(cfg_err(
-                spec,
-                format!("point `{}` is declared twice", p.name),
-            ));
-        }
-        let period = match p.period.as_deref().or(spec.period.as_deref()) {
-            None => DEFAULT_PERIOD,
-            Some(t) => crate::parse::duration(t)
-                .map_err(|e| cfg_err(spec, format!("point `{}`: period: {e}", p.name)))?,
-        };
-        if period < MIN_PERIOD {
-            return Err(cfg_err(
-                spec,
-                format!("point `{}`: a period is at least {MIN_PERIOD:?}", p.name),
-            ));
-        }
+        point_name(spec, &p.name, &mut names)?;
+        let period = point_period(
+            spec,
+            &p.name,
+            p.period.as_deref(),
+            DEFAULT_PERIOD,
+            MIN_PERIOD,
+        )?;
         out.push((p.clone(), period));
     }
     Ok(out)
@@ -650,10 +911,10 @@ pub fn build_driver(spec: &DeviceSpec) -> Result<Arc<dyn Driver>, DeviceError> {
             let (chip, off) = gpio()?;
             Arc::new(crate::gpio::GpioOut::open(&chip, off)?)
         }
-        DeviceKind::Modbus => {
+        DeviceKind::Modbus | DeviceKind::Opcua => {
             return Err(cfg_err(
                 spec,
-                "a Modbus device's points share its connection: add it with DeviceManager::add_all",
+                "a field device's points share its connection: add it with DeviceManager::add_all",
             ))
         }
     })
@@ -757,10 +1018,10 @@ impl DeviceManager {
     }
 
     /// Adds and starts the devices a declaration makes: itself, or a
-    /// Modbus device's points (all or none: the first that cannot be added
+    /// field device's points (Modbus) or nodes (OPC UA) (all or none: the first that cannot be added
     /// removes those added before it).
     pub fn add_all(&self, spec: DeviceSpec) -> Result<Vec<Arc<Device>>, DeviceError> {
-        if spec.kind != DeviceKind::Modbus {
+        if !matches!(spec.kind, DeviceKind::Modbus | DeviceKind::Opcua) {
             return self.add(spec).map(|d| vec![d]);
         }
         check_spec(&spec)?;
@@ -771,13 +1032,25 @@ impl DeviceManager {
                 return Err(DeviceError::Exists(s.name.clone()));
             }
         }
-        let drivers = crate::modbus::client::Connection::start(
-            modbus_endpoint(&spec)?,
-            modbus_points(&spec)?,
-        )?;
+        let drivers: Vec<Arc<dyn Driver>> = if spec.kind == DeviceKind::Opcua {
+            let nodes = opcua_nodes(&spec)?;
+            let ep = opcua_endpoint(&spec, &nodes, true)?;
+            crate::opcua::client::Connection::start(ep, nodes)?
+                .into_iter()
+                .map(|d| Arc::new(d) as Arc<dyn Driver>)
+                .collect()
+        } else {
+            crate::modbus::client::Connection::start(
+                modbus_endpoint(&spec)?,
+                modbus_points(&spec)?,
+            )?
+            .into_iter()
+            .map(|d| Arc::new(d) as Arc<dyn Driver>)
+            .collect()
+        };
         let mut added = Vec::with_capacity(specs.len());
         for (s, d) in specs.into_iter().zip(drivers) {
-            match self.insert(s, Arc::new(d)) {
+            match self.insert(s, d) {
                 Ok(dev) => added.push(dev),
                 Err(e) => {
                     for dev in &added {
@@ -790,7 +1063,7 @@ impl DeviceManager {
         Ok(added)
     }
 
-    /// Adds and starts a device (a Modbus device: [`DeviceManager::add_all`]).
+    /// Adds and starts a device (a field device: [`DeviceManager::add_all`]).
     pub fn add(&self, spec: DeviceSpec) -> Result<Arc<Device>, DeviceError> {
         if self.inner.devices.read().contains_key(&spec.name) {
             return Err(DeviceError::Exists(spec.name));
@@ -1373,6 +1646,179 @@ mod tests {
             .push(DeviceSpec::new("meter.relay", DeviceKind::SimActuator));
         let e = check_config(&c, &DirectPathConfig::default()).unwrap_err();
         assert!(e.to_string().contains("already exists"), "{e}");
+    }
+
+    /// An OPC UA server from TOML: its nodes become devices, sensors and
+    /// actuators; a dead server is reported; every config error is clear.
+    #[test]
+    fn opcua_declarations_become_node_devices_or_clear_errors() {
+        let dir = std::env::temp_dir().join(format!("mintgate-ua-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pw"), "hunter2\nignored\n").unwrap();
+        let base = format!(
+            r#"
+            [[list]]
+            name = "plc"
+            kind = "opcua"
+            endpoint = "opc.tcp://127.0.0.1:1/"
+            timeout = "200ms"
+            period = "10s"
+            user = "op"
+            password_file = "{}/pw"
+            [[list.nodes]]
+            name = "temp"
+            node = "ns=2;s=Temperature"
+            unit = "Cel"
+            [[list.nodes]]
+            name = "valve"
+            node = "ns=2;i=1001"
+            type = "u16"
+            writable = true
+            "#,
+            dir.display()
+        );
+        let cfg: DevicesConfig = toml::from_str(&base).unwrap();
+        let dp = DirectPathConfig {
+            links: vec!["plc.temp | threshold(30, 25) -> actuator(plc.valve)".into()],
+            priority: 0,
+            ..DirectPathConfig::default()
+        };
+        check_config(&cfg, &dp).unwrap();
+        check_links(&cfg, &dp, &[]).unwrap();
+        let nodes = opcua_nodes(&cfg.list[0]).unwrap();
+        let ep = opcua_endpoint(&cfg.list[0], &nodes, true).unwrap();
+        // the password's first line, never printed
+        let (user, pw) = ep.user.clone().unwrap();
+        assert_eq!((user.as_str(), pw.0.as_str()), ("op", "hunter2"));
+        assert!(!format!("{ep:?}").contains("hunter2"));
+        // the publishing interval defaults to the shortest sampling interval
+        assert_eq!(ep.publishing, Duration::from_secs(10));
+        let m = DeviceManager::start(&cfg, &dp).unwrap();
+        let names: Vec<String> = m.list().iter().map(|d| d.name().to_string()).collect();
+        assert_eq!(names, ["plc.temp", "plc.valve"]);
+        let t = m.get("plc.temp").unwrap();
+        assert_eq!(t.direction(), Direction::Sensor);
+        assert_eq!(t.spec().unit.as_deref(), Some("Cel"));
+        assert_eq!(t.spec().max_age_s(), 10);
+        let v = m.get("plc.valve").unwrap();
+        assert_eq!(v.direction(), Direction::Actuator);
+        assert!(v.spec().is_actuator());
+        // nothing listens: reads and writes say why, within their bounds
+        assert!(wait_for(|| t.driver().link().is_some_and(|l| l.errors > 0)));
+        let e = t.read().unwrap_err().to_string();
+        assert!(e.contains("127.0.0.1:1"), "{e}");
+        let at = std::time::Instant::now();
+        let e = v.write(3.0).unwrap_err().to_string();
+        assert!(e.contains("not connected"), "{e}");
+        assert!(at.elapsed() < Duration::from_secs(1));
+        assert!(v
+            .write(70_000.0)
+            .unwrap_err()
+            .to_string()
+            .contains("range of a u16"));
+        let st = t.driver().link().unwrap();
+        assert_eq!((st.connection.as_str(), st.connected), ("plc", false));
+        assert!(st.connects >= 1 && st.writes >= 1, "{st:?}");
+        drop(m);
+
+        let bad = |edit: &str, word: &str| {
+            let text = base.replacen("period = \"10s\"", &format!("period = \"10s\"\n{edit}"), 1);
+            let e = match toml::from_str::<DevicesConfig>(&text) {
+                Err(e) => e.to_string(),
+                Ok(c) => check_config(&c, &DirectPathConfig::default())
+                    .unwrap_err()
+                    .to_string(),
+            };
+            assert!(e.contains(word), "{edit}: {e}");
+        };
+        let without = |key: &str| {
+            base.lines()
+                .filter(|l| !l.trim_start().starts_with(key))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let check = |text: &str| {
+            let c: DevicesConfig = toml::from_str(text).unwrap();
+            check_config(&c, &DirectPathConfig::default())
+                .map_err(|e| e.to_string())
+                .err()
+                .unwrap_or_default()
+        };
+        bad("host = \"x:502\"", "`host` does not apply to a Opcua");
+        bad(
+            "security_mode = \"Sign\"",
+            "needs security_policy \"Basic256Sha256\"",
+        );
+        bad(
+            "security_policy = \"Basic256Sha256\"",
+            "needs `certificate` and `private_key`",
+        );
+        bad("security_policy = \"Aes128\"", "unknown variant");
+        bad(
+            "security_policy = \"Basic256Sha256\"\ncertificate = \"c.der\"\nprivate_key = \"k.pem\"",
+            "needs the server's certificate trusted",
+        );
+        bad(
+            "security_policy = \"Basic256Sha256\"\nsecurity_mode = \"None\"\ncertificate = \"c\"\nprivate_key = \"k\"",
+            "needs security_mode",
+        );
+        bad("certificate = \"c.der\"", "go together");
+        bad("password_env = \"X\"", "not both");
+        bad("publishing_interval = \"0us\"", "at least 1ms");
+        bad("table = \"coil\"", "`table`");
+        let e = check(&base.replace("timeout = \"200ms\"", "timeout = \"2m\""));
+        assert!(e.contains("outside 1ms..=60s"), "{e}");
+        let e = check(&base.replace("opc.tcp://127.0.0.1:1/", "http://127.0.0.1/"));
+        assert!(e.contains("not an opc.tcp://"), "{e}");
+        let e = check(&without("password_file"));
+        assert!(e.contains("needs `password_file` or `password_env`"), "{e}");
+        let e = check(&without("user"));
+        assert!(e.contains("a password without `user`"), "{e}");
+        let e = check(&without("endpoint"));
+        assert!(e.contains("needs `endpoint`"), "{e}");
+        let e = check(&base.replace("ns=2;i=1001", "ns=2;x=1"));
+        assert!(
+            e.contains("node `valve`") && e.contains("not a node id"),
+            "{e}"
+        );
+        let e = check(&base.replace("type = \"u16\"\n", ""));
+        assert!(e.contains("needs `type`"), "{e}");
+        let e = check(&base.replace("name = \"valve\"", "name = \"temp\""));
+        assert!(e.contains("declared twice"), "{e}");
+        // a Modbus point's keys are not a node's, nor the other way round
+        let e = toml::from_str::<DevicesConfig>(&base.replace("[[list.nodes]]", "[[list.points]]"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `node`"), "{e}");
+        // what only the start can tell: the password's source, the files
+        let start = |text: &str| {
+            let c: DevicesConfig = toml::from_str(text).unwrap();
+            DeviceManager::start(&c, &DirectPathConfig::default())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let env = base.replace(
+            &format!("password_file = \"{}/pw\"", dir.display()),
+            "password_env = \"MINTGATE_TEST_UNSET_PASSWORD_VAR\"",
+        );
+        assert!(start(&env).contains("$MINTGATE_TEST_UNSET_PASSWORD_VAR is not set"));
+        let gone = base.replace("/pw\"", "/missing\"");
+        assert!(start(&gone).contains("password_file"), "{}", start(&gone));
+        let secure = base.replacen(
+            "period = \"10s\"",
+            &format!(
+                "period = \"10s\"\nsecurity_policy = \"Basic256Sha256\"\n\
+                 certificate = \"{0}/none.der\"\nprivate_key = \"{0}/none.pem\"\n\
+                 trust_any_server_certificate = true",
+                dir.display()
+            ),
+            1,
+        );
+        assert_eq!(check(&secure), "");
+        let e = start(&secure);
+        assert!(e.contains("certificate") && e.contains("none.der"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

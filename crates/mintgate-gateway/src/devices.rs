@@ -410,7 +410,7 @@ pub fn render_metrics(m: &DeviceManager, out: &mut String) {
     }
 }
 
-/// The connections of field devices (Modbus), one per connection however
+/// The connections of field devices (Modbus, OPC UA), one per connection however
 /// many points it serves, by name.
 fn links(m: &DeviceManager) -> std::collections::BTreeMap<String, mintgate_devices::LinkState> {
     m.list()
@@ -439,7 +439,7 @@ fn render_link_metrics(m: &DeviceManager, out: &mut String) {
         (
             "mintgate_field_polls_total",
             "counter",
-            "Read requests made to the field device.",
+            "Read requests made to the field device (Modbus), or data change notifications received from it (OPC UA).",
             |l| l.polls,
         ),
         (

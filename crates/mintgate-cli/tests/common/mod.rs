@@ -235,3 +235,144 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} "))?.trim().parse().ok())
 }
+
+/// target/py-venv's Python (scripts/test.sh makes it) when `module`
+/// imports in it; else `None` (the caller skips), or a failure under
+/// MINTGATE_REQUIRE_PEERS.
+pub fn venv_python(module: &str) -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/py-venv/bin/python");
+    let ok = Command::new(&p)
+        .args(["-c", &format!("import {module}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+            "{module} is required (MINTGATE_REQUIRE_PEERS is set) but target/py-venv has none"
+        );
+        eprintln!("skipping: {module} is not in target/py-venv (scripts/test.sh installs it)");
+        return None;
+    }
+    Some(p)
+}
+
+/// A peer server written in Python (tests/SCRIPT with the port and
+/// `args`), killed on drop. It prints `ready` once it serves, then answers
+/// each command line with one line.
+pub struct PyPeer {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    pub port: u16,
+}
+
+impl PyPeer {
+    /// On `port`, or on a free one (tried a few times: a port found free
+    /// may be taken before the server binds it).
+    pub fn start(py: &Path, script: &str, port: Option<u16>, args: &[&str]) -> PyPeer {
+        use std::io::BufRead;
+        for _ in 0..5 {
+            let port = port.unwrap_or_else(free_tcp);
+            let mut child = Command::new(py)
+                .arg(
+                    Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("tests")
+                        .join(script),
+                )
+                .arg(port.to_string())
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {script}: {e}"));
+            let out = child.stdout.take().unwrap();
+            let (tx, lines) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+            });
+            let stdin = child.stdin.take().unwrap();
+            let p = PyPeer {
+                child,
+                stdin,
+                lines,
+                port,
+            };
+            if p.lines.recv_timeout(Duration::from_secs(20)).as_deref() == Ok("ready") {
+                return p;
+            }
+        }
+        panic!("{script} did not start");
+    }
+
+    /// Sends one command; its answer.
+    pub fn cmd(&mut self, c: &str) -> String {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("an answer from the peer")
+    }
+}
+
+impl Drop for PyPeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `f`'s first `Some`, tried every 20 ms for at most `limit`.
+pub fn wait_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// A payload as text.
+pub fn text(b: Option<Vec<u8>>) -> Option<String> {
+    b.map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// `mintgate observe URI --json` for at most 15 s; its lines with the
+/// instants they came (kill the child when done).
+pub fn observe(uri: &str) -> (Child, std::sync::mpsc::Receiver<(Instant, String)>) {
+    use std::io::BufRead;
+    let mut obs = Command::new(BIN)
+        .args(["observe", uri, "--json", "--duration", "15s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, notes) = std::sync::mpsc::channel();
+    let out = obs.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send((Instant::now(), l));
+        }
+    });
+    (obs, notes)
+}
+
+/// The dashboard's `link` (field-device connection state) of device
+/// `name`, from `/api/state` on the metrics listener.
+pub fn field_link(metrics: u16, name: &str) -> serde_json::Value {
+    let (_, _, state) = http(metrics, "GET", "/api/state", &[], b"");
+    let v: serde_json::Value = serde_json::from_str(&state).unwrap();
+    v["devices"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .unwrap_or_else(|| panic!("no device {name} in {v}"))["link"]
+        .clone()
+}

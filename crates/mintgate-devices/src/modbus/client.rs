@@ -5,11 +5,10 @@
 //! times every request out, retries it on a fresh connection, and keeps
 //! the counters the dashboard and `/metrics` show.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_modbus::client::{Context, Reader, Writer};
@@ -17,6 +16,7 @@ use tokio_modbus::Slave;
 
 use super::{plan, Layout, PointSpec, ReadGroup, Table, ValueType};
 use crate::driver::{DeviceError, Direction, Driver, EventFn, LinkState, Running};
+use crate::field::{Cell, Counters, Write, WRITE_QUEUE};
 
 /// Where and how to reach a device.
 #[derive(Clone, Debug)]
@@ -39,24 +39,7 @@ pub struct Endpoint {
 struct Point {
     spec: PointSpec,
     layout: Layout,
-    /// The value last read or written, as f64 bits; NaN: none (never read,
-    /// or its last poll failed).
-    value: AtomicU64,
-    events: RwLock<Option<EventFn>>,
-}
-
-#[derive(Default)]
-struct Counters {
-    connected: AtomicBool,
-    polls: AtomicU64,
-    writes: AtomicU64,
-    errors: AtomicU64,
-    connects: AtomicU64,
-    skipped: AtomicU64,
-    /// How late each poll started after it was due (the device's thread
-    /// is its only writer).
-    lateness: crate::directpath::histogram::Histogram,
-    last_error: Mutex<Option<String>>,
+    cell: Cell,
 }
 
 /// A request the connection thread carries out.
@@ -83,11 +66,6 @@ pub(crate) enum Attempt {
     Failed(String),
 }
 
-struct Write {
-    op: Op,
-    reply: std::sync::mpsc::SyncSender<Result<(), String>>,
-}
-
 struct Shared {
     ep: Endpoint,
     points: Vec<Point>,
@@ -99,7 +77,7 @@ struct Shared {
 /// holding it is dropped.
 pub struct Connection {
     shared: Arc<Shared>,
-    writes: mpsc::Sender<Write>,
+    writes: mpsc::Sender<Write<Op>>,
     _thread: Running,
 }
 
@@ -110,9 +88,6 @@ impl Drop for Connection {
         self.shared.stop.notify_one();
     }
 }
-
-/// Writes queued for one device beyond which a write is refused at once.
-const WRITE_QUEUE: usize = 64;
 
 impl Connection {
     /// Starts the connection of `ep` polling `points` (each with its
@@ -131,8 +106,7 @@ impl Connection {
                 .map(|spec| Point {
                     layout: spec.layout(),
                     spec,
-                    value: AtomicU64::new(f64::NAN.to_bits()),
-                    events: RwLock::new(None),
+                    cell: Cell::default(),
                 })
                 .collect(),
             counters: Counters::default(),
@@ -181,32 +155,16 @@ impl Connection {
     }
 
     fn state(&self) -> LinkState {
-        let c = &self.shared.counters;
-        LinkState {
-            connection: self.shared.ep.name.clone(),
-            endpoint: self.shared.ep.host.clone(),
-            connected: c.connected.load(Ordering::Relaxed),
-            polls: c.polls.load(Ordering::Relaxed),
-            writes: c.writes.load(Ordering::Relaxed),
-            errors: c.errors.load(Ordering::Relaxed),
-            connects: c.connects.load(Ordering::Relaxed),
-            skipped: c.skipped.load(Ordering::Relaxed),
-            late_p50_ns: c.lateness.quantile(0.5),
-            late_p99_ns: c.lateness.quantile(0.99),
-            late_max_ns: c.lateness.max(),
-            last_error: c.last_error.lock().clone(),
-        }
+        self.shared
+            .counters
+            .state(&self.shared.ep.name, &self.shared.ep.host)
     }
 }
 
 impl Shared {
     fn fail(&self, why: &str) {
-        self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        let mut last = self.counters.last_error.lock();
-        if last.as_deref() != Some(why) {
-            tracing::warn!(device = %self.ep.name, host = %self.ep.host, error = why, "modbus request failed");
-        }
-        *last = Some(why.to_string());
+        self.counters
+            .fail("modbus", &self.ep.name, &self.ep.host, why);
     }
 }
 
@@ -349,9 +307,7 @@ impl Link<'_> {
                 // the values go before the error is counted: whoever sees
                 // the count sees no stale value
                 for &i in &g.points {
-                    self.s.points[i]
-                        .value
-                        .store(f64::NAN.to_bits(), Ordering::Relaxed);
+                    self.s.points[i].cell.clear();
                 }
                 self.s.fail(&e);
                 return;
@@ -365,21 +321,14 @@ impl Link<'_> {
                 Data::Words(w) => p.layout.decode(&w[off..]),
                 Data::Written => None,
             };
-            let Some(v) = v.filter(|v| v.is_finite()) else {
-                // a float register holding NaN or infinity: no value
-                p.value.store(f64::NAN.to_bits(), Ordering::Relaxed);
-                continue;
-            };
-            p.value.store(v.to_bits(), Ordering::Relaxed);
-            if let Some(ev) = p.events.read().as_ref() {
-                ev(v, t);
-            }
+            // a float register holding NaN or infinity: no value
+            p.cell.publish(v.unwrap_or(f64::NAN), t);
         }
     }
 
     /// Polls each group every period and carries out the writes handed in
     /// (before any poll that is due).
-    async fn run(&mut self, groups: Vec<ReadGroup>, mut writes: mpsc::Receiver<Write>) {
+    async fn run(&mut self, groups: Vec<ReadGroup>, mut writes: mpsc::Receiver<Write<Op>>) {
         let start = Instant::now();
         let mut due: Vec<Instant> = vec![start; groups.len()];
         loop {
@@ -492,12 +441,7 @@ impl PointDriver {
             return Err(DeviceError::NotWritable);
         }
         let op = self.write_op(value).map_err(field_err)?;
-        let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        self.conn
-            .writes
-            .try_send(Write { op, reply })
-            .map_err(|_| field_err("too many writes queued for the device".into()))?;
-        Ok(answer)
+        crate::field::queue(&self.conn.writes, op)
     }
 }
 
@@ -519,15 +463,10 @@ impl Driver for PointDriver {
     }
 
     fn read(&self) -> Result<f64, DeviceError> {
-        let v = f64::from_bits(self.point().value.load(Ordering::Relaxed));
-        if v.is_nan() {
-            let last = self.conn.shared.counters.last_error.lock().clone();
-            return Err(field_err(match last {
-                Some(e) => format!("no value: {e}"),
-                None => "no value read yet".into(),
-            }));
-        }
-        Ok(v)
+        self.point()
+            .cell
+            .get()
+            .ok_or_else(|| self.conn.shared.counters.no_value())
     }
 
     fn write(&self, value: f64) -> Result<(), DeviceError> {
@@ -535,25 +474,20 @@ impl Driver for PointDriver {
         let ep = &self.conn.shared.ep;
         // every attempt may take a connect and a request
         let wait = ep.timeout * 2 * (ep.retries + 1) + Duration::from_millis(100);
-        match answer.recv_timeout(wait) {
-            Ok(Ok(())) => {
-                self.point().value.store(value.to_bits(), Ordering::Relaxed);
-                Ok(())
-            }
-            Ok(Err(e)) => Err(field_err(e)),
-            Err(_) => Err(field_err(format!("no result within {wait:?}"))),
-        }
+        crate::field::wait(answer, wait)?;
+        self.point().cell.set(value);
+        Ok(())
     }
 
     fn submit(&self, value: f64) -> Result<(), DeviceError> {
         // the connection thread counts a failure; nobody waits for it
         self.queue(value).map(drop)?;
-        self.point().value.store(value.to_bits(), Ordering::Relaxed);
+        self.point().cell.set(value);
         Ok(())
     }
 
     fn start(&self, events: EventFn) -> Result<Option<Running>, DeviceError> {
-        *self.point().events.write() = Some(events);
+        self.point().cell.hook(events);
         Ok(None)
     }
 
