@@ -27,7 +27,9 @@ enum Lab {
     /// 3-node nats-server cluster, through a node killed and restarted and
     /// then the stream's leader; prints offered and stored rates, latency
     /// from sample to stream and to a consumer (p50, p99, max), lost,
-    /// duplicated and out-of-order counts. Writes `fleet.csv`.
+    /// duplicated and out-of-order counts, each failover's gap and where
+    /// the CPU went; `--compare`: the same load through nats-server's MQTT
+    /// listener and mosquitto. Writes `fleet.csv` and `fleet.svg`.
     Fleet(crate::fleet::FleetArgs),
     /// coaps (CoAP over DTLS 1.2) on this machine: handshakes per second
     /// (pre-shared key and certificate) and the throughput over established

@@ -103,7 +103,8 @@ pub struct NatsArgs {
     /// Publish into (or consume from) a NATS JetStream stream instead of
     /// MQTT: server URLs, comma-separated, nats://HOST:PORT or
     /// tls://HOST:PORT (any nodes of the cluster). --username,
-    /// --password-file/--password-env and --ca-file apply to it.
+    /// --password-file/--password-env, --ca-file and --cert-file/--key-file
+    /// apply to it.
     #[arg(long, value_name = "URL[,URL...]")]
     nats: Option<String>,
     /// The JetStream stream (created when missing, subjects PREFIX>).
@@ -127,6 +128,16 @@ pub struct NatsArgs {
     /// Environment variable holding the NATS token.
     #[arg(long, value_name = "VAR", requires = "nats")]
     token_env: Option<String>,
+    /// File whose first line is a NATS user nkey seed (SU...).
+    #[arg(long, value_name = "FILE", requires = "nats")]
+    nkey_seed_file: Option<PathBuf>,
+    /// A NATS .creds file (user JWT and nkey seed, as nsc writes it).
+    #[arg(long, value_name = "FILE", requires = "nats")]
+    creds_file: Option<PathBuf>,
+    /// The stream's JetStream domain (its API at $JS.DOMAIN.API; e.g. the
+    /// hub's, through a leaf node).
+    #[arg(long, value_name = "DOMAIN", requires = "nats")]
+    domain: Option<String>,
 }
 
 impl NatsArgs {
@@ -135,10 +146,6 @@ impl NatsArgs {
         let Some(servers) = &self.nats else {
             return Ok(None);
         };
-        anyhow::ensure!(
-            auth.cert_file.is_none(),
-            "--cert-file/--key-file (client certificates) are not supported with --nats"
-        );
         let path = |p: &Option<PathBuf>| p.clone().unwrap_or_default();
         let s = mintgate_nats::NatsSection {
             enabled: true,
@@ -148,7 +155,12 @@ impl NatsArgs {
             password_env: auth.password_env.clone().unwrap_or_default(),
             token_file: path(&self.token_file),
             token_env: self.token_env.clone().unwrap_or_default(),
+            nkey_seed_file: path(&self.nkey_seed_file),
+            credentials_file: path(&self.creds_file),
             ca_file: path(&auth.ca_file),
+            cert_file: path(&auth.cert_file),
+            key_file: path(&auth.key_file),
+            domain: self.domain.clone().unwrap_or_default(),
             stream: self.stream.clone(),
             subject: self
                 .subject

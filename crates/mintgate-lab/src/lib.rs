@@ -71,6 +71,7 @@ pub use footprint::lab_footprint;
 pub use mqtt::{lab_mqtt, MqttLabOptions, PahoMode};
 pub use mqtt_outage::{lab_mqtt_outage, OutageOptions};
 pub use overload::lab_overload;
+pub use plot::{fleet_svg, FleetSeries};
 pub use proxy::{lab_proxy, ProxyLabOptions};
 pub use threads::lab_threads;
 pub use vta::lab_vta;

@@ -228,3 +228,97 @@ pub fn vta_svg(path: &Path, rows: &[VtaRow], cost: &str) -> anyhow::Result<()> {
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// One run of `lab fleet` for [`fleet_svg`]: per second of the run
+/// (seconds, messages that reached the end, their p99 latency in ms).
+pub struct FleetSeries {
+    /// The run's name (JetStream, nats-server MQTT, mosquitto).
+    pub label: String,
+    /// (second, messages, p99 ms).
+    pub points: Vec<(f64, f64, f64)>,
+}
+
+/// `fleet.svg`: top, messages per second that reached the end (stored in
+/// the stream, or at the MQTT subscriber) for each run; bottom, their p99
+/// latency from the sensor's sample (log scale). The failures of the
+/// first run are vertical lines.
+pub fn fleet_svg(
+    path: &Path,
+    title: &str,
+    runs: &[FleetSeries],
+    events: &[(f64, String)],
+) -> anyhow::Result<()> {
+    const COLORS: [RGBColor; 3] = [NR, HTP, THREADS];
+    let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let (top, bottom) = root.split_vertically(400);
+    let all = || runs.iter().flat_map(|r| r.points.iter());
+    let tmax = all().map(|p| p.0 + 1.0).fold(1.0, f64::max);
+    let ymax = nice_max(all().map(|p| p.1).fold(0.0, f64::max));
+    let lmax = all().map(|p| p.2).fold(10.0, f64::max) * 2.0;
+    let mut chart = ChartBuilder::on(&top)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..tmax, 0f64..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("second of the run (by sample time)")
+        .y_desc("messages/s at the end")
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()
+        .map_err(err)?;
+    for (r, color) in runs.iter().zip(COLORS) {
+        chart
+            .draw_series(LineSeries::new(
+                r.points.iter().map(|p| (p.0, p.1)),
+                color.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(r.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    for (t, _) in events {
+        chart
+            .draw_series(LineSeries::new(vec![(*t, 0.0), (*t, ymax)], ARRIVED))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    let mut c2 = ChartBuilder::on(&bottom)
+        .caption(
+            "p99 latency, sensor sample to the end, per second (grey: failures of the first run)",
+            ("sans-serif", 16),
+        )
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..tmax, (1f64..lmax).log_scale())
+        .map_err(err)?;
+    c2.configure_mesh()
+        .x_desc("second of the run (by sample time)")
+        .y_desc("ms (log)")
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()
+        .map_err(err)?;
+    for (r, color) in runs.iter().zip(COLORS) {
+        c2.draw_series(LineSeries::new(
+            r.points.iter().map(|p| (p.0, p.2.max(1.0))),
+            color.stroke_width(2),
+        ))
+        .map_err(err)?;
+    }
+    for (t, _) in events {
+        c2.draw_series(LineSeries::new(vec![(*t, 1.0), (*t, lmax)], ARRIVED))
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}

@@ -372,6 +372,11 @@ impl Mosquitto {
         ))
     }
 
+    /// The running mosquitto's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Its port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port

@@ -29,9 +29,23 @@ pub struct NatsSection {
     pub token_file: PathBuf,
     /// Environment variable holding the token (if no `token_file`).
     pub token_env: String,
+    /// A user nkey seed file (`SU...`, its first line): the server sends a
+    /// nonce and the client signs it (instead of a user or a token).
+    pub nkey_seed_file: PathBuf,
+    /// A `.creds` file (a user JWT and its nkey seed, as `nsc` writes it):
+    /// decentralised authentication (operator mode).
+    pub credentials_file: PathBuf,
     /// PEM file of the CA the servers' certificates must chain to (TLS
     /// required then; empty: TLS only for `tls://` URLs, system roots).
     pub ca_file: PathBuf,
+    /// PEM client certificate (mutual TLS; needs `key_file`; TLS required).
+    pub cert_file: PathBuf,
+    /// PEM private key of `cert_file`.
+    pub key_file: PathBuf,
+    /// The JetStream domain of the stream (empty: none): its API is then
+    /// `$JS.DOMAIN.API`, e.g. the hub's JetStream reached through a leaf
+    /// node on the gateway's host.
+    pub domain: String,
     /// The JetStream stream the messages are stored in.
     pub stream: String,
     /// Subject of a message: `PREFIX{topic}` (the topic's `/` levels
@@ -60,7 +74,12 @@ impl Default for NatsSection {
             password_env: String::new(),
             token_file: PathBuf::new(),
             token_env: String::new(),
+            nkey_seed_file: PathBuf::new(),
+            credentials_file: PathBuf::new(),
             ca_file: PathBuf::new(),
+            cert_file: PathBuf::new(),
+            key_file: PathBuf::new(),
+            domain: String::new(),
             stream: "mintgate".into(),
             subject: "mintgate.{topic}".into(),
             create_stream: true,
@@ -81,6 +100,23 @@ pub enum Auth {
     UserPassword(String, Secret),
     /// A token.
     Token(Secret),
+    /// A user nkey seed.
+    Nkey(Secret),
+    /// The text of a `.creds` file (user JWT and nkey seed).
+    Credentials(Secret),
+}
+
+impl Auth {
+    /// For logs: the kind, never the secret.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Auth::None => "anonymous",
+            Auth::UserPassword(..) => "user and password",
+            Auth::Token(_) => "token",
+            Auth::Nkey(_) => "nkey",
+            Auth::Credentials(_) => "credentials file",
+        }
+    }
 }
 
 /// Where and how to publish or consume: the checked `[nats]` section.
@@ -92,6 +128,10 @@ pub struct Target {
     pub auth: Auth,
     /// CA file (TLS required).
     pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (TLS required).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// The JetStream domain (empty: none).
+    pub domain: String,
     /// The stream.
     pub stream: String,
     /// The subject template.
@@ -117,6 +157,10 @@ impl NatsSection {
             check_server(s).map_err(|e| format!("nats.servers: {e}"))?;
         }
         check_stream_name(&self.stream).map_err(|e| format!("nats.stream: {e}"))?;
+        if !self.domain.is_empty() {
+            check_stream_name(&self.domain)
+                .map_err(|e| format!("nats.domain: {e} (a domain name has the same rules)"))?;
+        }
         subject::check_template(&self.subject).map_err(|e| format!("nats.subject: {e}"))?;
         if !(1..=5).contains(&self.replicas) {
             return Err(format!("nats.replicas: 1..=5, got {}", self.replicas));
@@ -148,28 +192,96 @@ impl NatsSection {
         };
         let password = secret(&self.password_file, &self.password_env, "password")?;
         let token = secret(&self.token_file, &self.token_env, "token")?;
-        let auth = match (self.user.is_empty(), password, token) {
-            (true, None, None) => Auth::None,
-            (false, Some(p), None) => Auth::UserPassword(self.user.clone(), p),
-            (true, None, Some(t)) => Auth::Token(t),
-            (false, None, _) => {
+        let nkey = file_secret(&self.nkey_seed_file, "nkey_seed_file", 4096)?
+            .map(|s| {
+                let seed = s.expose().lines().next().unwrap_or("").trim();
+                // Its own words: nkeys' errors could quote the seed.
+                match nkeys::KeyPair::from_seed(seed) {
+                    Ok(kp) if kp.key_pair_type() == nkeys::KeyPairType::User => {
+                        Ok(Secret::new(seed))
+                    }
+                    Ok(_) => Err(format!(
+                        "nats.nkey_seed_file {}: not a user seed (SU...)",
+                        self.nkey_seed_file.display()
+                    )),
+                    Err(_) => Err(format!(
+                        "nats.nkey_seed_file {}: the first line is not an nkey seed",
+                        self.nkey_seed_file.display()
+                    )),
+                }
+            })
+            .transpose()?;
+        let creds = file_secret(&self.credentials_file, "credentials_file", 65_536)?;
+        if let Some(c) = &creds {
+            async_nats::ConnectOptions::new()
+                .credentials(c.expose())
+                .map_err(|e| {
+                    // async-nats' own words when the blocks are missing;
+                    // ours for a bad seed (nkeys' could quote it).
+                    let why = e.to_string();
+                    let why = if why.starts_with("cannot parse") {
+                        why
+                    } else {
+                        "the user nkey seed in it is not valid".into()
+                    };
+                    format!(
+                        "nats.credentials_file {}: {why}",
+                        self.credentials_file.display()
+                    )
+                })?;
+        }
+        let given: Vec<&str> = [
+            (!self.user.is_empty() || password.is_some(), "user/password"),
+            (token.is_some(), "token"),
+            (nkey.is_some(), "nkey_seed_file"),
+            (creds.is_some(), "credentials_file"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| *name)
+        .collect();
+        if given.len() > 1 {
+            return Err(format!(
+                "nats: one way to authenticate, not {}",
+                given.join(" and ")
+            ));
+        }
+        let auth = match (self.user.is_empty(), password, token, nkey, creds) {
+            (false, Some(p), ..) => Auth::UserPassword(self.user.clone(), p),
+            (false, None, ..) => {
                 return Err("nats.user needs nats.password_file or nats.password_env".into())
             }
-            (true, Some(_), _) => {
+            (true, Some(_), ..) => {
                 return Err("nats.password_file/password_env needs nats.user".into())
             }
-            (false, Some(_), Some(_)) => {
-                return Err("nats: a token or a user and password, not both".into())
-            }
+            (true, None, Some(t), ..) => Auth::Token(t),
+            (true, None, None, Some(k), _) => Auth::Nkey(k),
+            (true, None, None, None, Some(c)) => Auth::Credentials(c),
+            (true, None, None, None, None) => Auth::None,
         };
         let ca_file = (!self.ca_file.as_os_str().is_empty()).then(|| self.ca_file.clone());
         if let Some(f) = &ca_file {
-            std::fs::metadata(f).map_err(|e| format!("nats.ca_file {}: {e}", f.display()))?;
+            check_pem(f, "ca_file", "CERTIFICATE")?;
         }
+        let client_cert = match (
+            self.cert_file.as_os_str().is_empty(),
+            self.key_file.as_os_str().is_empty(),
+        ) {
+            (true, true) => None,
+            (false, false) => {
+                check_pem(&self.cert_file, "cert_file", "CERTIFICATE")?;
+                check_pem(&self.key_file, "key_file", "PRIVATE KEY")?;
+                Some((self.cert_file.clone(), self.key_file.clone()))
+            }
+            (false, true) => return Err("nats.cert_file needs nats.key_file".into()),
+            (true, false) => return Err("nats.key_file needs nats.cert_file".into()),
+        };
         Ok(Target {
             servers: self.servers.clone(),
             auth,
             ca_file,
+            client_cert,
+            domain: self.domain.clone(),
             stream: self.stream.clone(),
             subject: self.subject.clone(),
             create_stream: self.create_stream,
@@ -177,6 +289,46 @@ impl NatsSection {
             duplicate_window: Duration::from_secs(self.duplicate_window_s),
             ack_timeout: Duration::from_millis(self.ack_timeout_ms),
         })
+    }
+}
+
+/// The text of the secret file `key` (at most `max` bytes), if one is set.
+fn file_secret(path: &std::path::Path, key: &str, max: u64) -> Result<Option<Secret>, String> {
+    use std::io::Read as _;
+    if path.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max + 1).read_to_string(&mut text))
+        .map_err(|e| format!("nats.{key} {}: {e}", path.display()))?;
+    if text.len() as u64 > max {
+        return Err(format!(
+            "nats.{key} {}: longer than {max} bytes",
+            path.display()
+        ));
+    }
+    if text.trim().is_empty() {
+        return Err(format!("nats.{key} {}: empty", path.display()));
+    }
+    Ok(Some(Secret::new(text)))
+}
+
+/// A readable PEM file (at most 1 MiB) holding a `-----BEGIN ...WHAT-----`
+/// block.
+fn check_pem(path: &std::path::Path, key: &str, what: &str) -> Result<(), String> {
+    let text = file_secret(path, key, 1 << 20)?.unwrap_or_else(|| Secret::new(""));
+    let found = text
+        .expose()
+        .lines()
+        .any(|l| l.starts_with("-----BEGIN ") && l.trim_end().ends_with(&format!("{what}-----")));
+    if found {
+        Ok(())
+    } else {
+        Err(format!(
+            "nats.{key} {}: no PEM {what} in it",
+            path.display()
+        ))
     }
 }
 
@@ -225,9 +377,22 @@ impl Target {
         .target()
     }
 
-    /// For logs: the servers and the stream.
+    /// For logs: the servers, the stream and how we authenticate (never
+    /// a secret).
     pub fn describe(&self) -> String {
-        format!("{} (stream {})", self.servers.join(","), self.stream)
+        let tls = if self.client_cert.is_some() {
+            ", TLS with a client certificate"
+        } else if self.ca_file.is_some() {
+            ", TLS"
+        } else {
+            ""
+        };
+        format!(
+            "{} (stream {}, {}{tls})",
+            self.servers.join(","),
+            self.stream,
+            self.auth.kind()
+        )
     }
 
     /// The connect options of a client named `name`.
@@ -238,13 +403,37 @@ impl Target {
                 async_nats::ConnectOptions::with_user_and_password(u.clone(), p.expose().into())
             }
             Auth::Token(t) => async_nats::ConnectOptions::with_token(t.expose().into()),
+            Auth::Nkey(seed) => async_nats::ConnectOptions::with_nkey(seed.expose().into()),
+            // Parsed once already when the section was checked.
+            Auth::Credentials(c) => async_nats::ConnectOptions::with_credentials(c.expose())
+                .unwrap_or_else(|_| async_nats::ConnectOptions::new()),
         };
         if let Some(ca) = &self.ca_file {
             o = o.add_root_certificates(ca.clone()).require_tls(true);
         }
+        if let Some((cert, key)) = &self.client_cert {
+            o = o
+                .add_client_certificate(cert.clone(), key.clone())
+                .require_tls(true);
+        }
         o.name(name)
             .connection_timeout(Duration::from_secs(2))
             .ping_interval(Duration::from_secs(5))
+    }
+
+    /// A JetStream context on `client` (in the target's domain) whose
+    /// requests time out after `timeout`.
+    pub(crate) fn context(
+        &self,
+        client: async_nats::Client,
+        timeout: Duration,
+    ) -> async_nats::jetstream::Context {
+        let b = async_nats::jetstream::ContextBuilder::new().timeout(timeout);
+        if self.domain.is_empty() {
+            b.build(client)
+        } else {
+            b.domain(self.domain.clone()).build(client)
+        }
     }
 
     /// The stream's configuration when it is created.
@@ -281,6 +470,7 @@ mod tests {
             "nats.servers",
         );
         bad(|s| s.stream = "a.b".into(), "nats.stream");
+        bad(|s| s.domain = "hub.1".into(), "nats.domain");
         bad(|s| s.subject = "x.y".into(), "nats.subject");
         bad(|s| s.replicas = 0, "nats.replicas");
         bad(|s| s.ack_timeout_ms = 10, "nats.ack_timeout_ms");
@@ -290,5 +480,75 @@ mod tests {
             "nats.token_env",
         );
         bad(|s| s.ca_file = "/nonexistent/ca.pem".into(), "nats.ca_file");
+        bad(
+            |s| s.cert_file = "/nonexistent/c.pem".into(),
+            "nats.key_file",
+        );
+        bad(
+            |s| s.key_file = "/nonexistent/c.key".into(),
+            "nats.cert_file",
+        );
+    }
+
+    #[test]
+    fn credentials_files_are_checked_and_never_shown() {
+        let dir = std::env::temp_dir().join(format!("mintgate-nats-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let user = nkeys::KeyPair::new_user();
+        let seed = user.seed().unwrap();
+        let good = file("user.nk", &format!("{seed}\n"));
+        let account = file("account.nk", &nkeys::KeyPair::new_account().seed().unwrap());
+        let junk = file("junk.nk", "SUNOTASEED\n");
+        let not_pem = file("x.pem", "hello\n");
+        let with = |f: &dyn Fn(&mut NatsSection)| {
+            let mut s = NatsSection::default();
+            f(&mut s);
+            s.target()
+        };
+        let t = with(&|s| s.nkey_seed_file = good.clone()).unwrap();
+        assert!(matches!(&t.auth, Auth::Nkey(k) if k.expose() == seed));
+        assert!(!format!("{t:?}").contains(&seed), "the seed is printed");
+        assert!(t.describe().contains("nkey"), "{}", t.describe());
+        let e = with(&|s| s.nkey_seed_file = account.clone()).unwrap_err();
+        assert!(e.contains("not a user seed"), "{e}");
+        let e = with(&|s| s.nkey_seed_file = junk.clone()).unwrap_err();
+        assert!(
+            e.contains("nats.nkey_seed_file") && !e.contains("SUNOTASEED"),
+            "{e}"
+        );
+        let e = with(&|s| {
+            s.nkey_seed_file = good.clone();
+            s.token_env = "PATH".into();
+        })
+        .unwrap_err();
+        assert!(e.contains("token and nkey_seed_file"), "{e}");
+        // a .creds file: the blocks nsc writes; a missing JWT is named
+        let creds = file(
+            "u.creds",
+            &format!(
+                "-----BEGIN NATS USER JWT-----\neyJhbGciOiJlZDI1NTE5LW5rZXkifQ.e30.c2ln\n------END NATS USER JWT------\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+            ),
+        );
+        let t = with(&|s| s.credentials_file = creds.clone()).unwrap();
+        assert!(matches!(t.auth, Auth::Credentials(_)));
+        assert!(!format!("{t:?}").contains(&seed));
+        let e = with(&|s| s.credentials_file = good.clone()).unwrap_err();
+        assert!(
+            e.contains("nats.credentials_file") && !e.contains(&seed),
+            "{e}"
+        );
+        let e = with(&|s| {
+            s.cert_file = not_pem.clone();
+            s.key_file = not_pem.clone();
+        })
+        .unwrap_err();
+        assert!(e.contains("nats.cert_file") && e.contains("no PEM"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -126,7 +126,7 @@ async fn consume(
     tokens: &AtomicU64,
 ) -> Result<(), String> {
     let Connected { client, mut lost } = connect(t, name, refused).await?;
-    let js = jetstream::new(client.clone());
+    let js = t.context(client.clone(), std::time::Duration::from_secs(5));
     let _ = events.send(Ok(LinkEvent::Connected {
         session_present: durable.is_some(),
     }));

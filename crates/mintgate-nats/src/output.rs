@@ -242,9 +242,7 @@ async fn publish(
     stats: &OutputStats,
 ) -> Result<(), String> {
     let Connected { client, mut lost } = connect(t, publisher, refused).await?;
-    let js = jetstream::ContextBuilder::new()
-        .timeout(t.ack_timeout)
-        .build(client.clone());
+    let js = t.context(client.clone(), t.ack_timeout);
     if !stats.stream_found.load(Ordering::Relaxed) {
         ensure_stream(t, &js).await?;
         stats.stream_found.store(true, Ordering::Relaxed);

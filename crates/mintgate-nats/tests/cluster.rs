@@ -7,14 +7,13 @@
 //! `MINTGATE_REQUIRE_PEERS` is set, in which case they fail
 //! (scripts/test.sh installs it).
 
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
-use mintgate_mqtt::reorder::ReorderConfig;
-use mintgate_mqtt::{Publisher, PublisherConfig, SubEvent, Subscriber, SubscriberConfig};
-use mintgate_nats::cluster::{read_all, stream_now, wait_stream_ready, Cluster};
-use mintgate_nats::{Consumer, JetStream, Target};
+use std::time::Duration;
+
+use common::{finish, publish_through, publisher, subscriber, tmp};
+use mintgate_nats::cluster::{stream_now, wait_stream_ready, Cluster};
+use mintgate_nats::Target;
 
 /// A fresh folder and a 3-node cluster in it whose stream `stream` (3
 /// replicas) is ready; `None` when the test is skipped.
@@ -24,151 +23,6 @@ fn setup(name: &str, stream: &str) -> Option<(std::path::PathBuf, Cluster, Targe
     let t = c.target(stream).unwrap();
     wait_stream_ready(&t, Duration::from_secs(20)).unwrap();
     Some((dir, c, t))
-}
-
-/// Closes the publisher and checks the outcome: all acknowledged, `n`
-/// delivered complete and in order to `sub` (or to a consumer started
-/// now), stored once; prints the figures of `what`.
-fn finish(what: &str, p: Publisher, out: &JetStream, sub: Option<Subscriber>, t: &Target, n: u64) {
-    let st = p.close(Duration::from_secs(5));
-    assert_eq!(st.unacked, 0);
-    assert!(
-        st.connects >= 2,
-        "the failure did not end the connection: {st:?}"
-    );
-    let mut sub = sub.unwrap_or_else(|| subscriber(t, "after"));
-    expect_in_order(&mut sub, n);
-    let inversions = expect_stored_once(t, n);
-    eprintln!(
-        "{what}: {n} stored once, {} connections, {} resent, {} recognised as duplicates, \
-         {inversions} stored out of order",
-        st.connects,
-        st.queue.retransmitted,
-        out.stats()
-            .duplicates
-            .load(std::sync::atomic::Ordering::Relaxed)
-    );
-}
-
-fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "mintgate-nats-{name}-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos() as u64
-}
-
-fn publisher(t: &Target, state: &std::path::Path, window: usize) -> (Publisher, Arc<JetStream>) {
-    let out = Arc::new(JetStream::new(t.clone()));
-    let mut cfg = PublisherConfig::new("mqtt://127.0.0.1:1".parse().unwrap());
-    cfg.uplink = Some(out.clone());
-    cfg.window = window;
-    cfg.state = Some(state.to_owned());
-    cfg.publisher_id = Some("gw1".into());
-    (Publisher::start(cfg).unwrap(), out)
-}
-
-fn subscriber(t: &Target, durable: &str) -> Subscriber {
-    let mut cfg = SubscriberConfig::new("mqtt://127.0.0.1:1".parse().unwrap(), "");
-    cfg.uplink = Some(Arc::new(
-        Consumer::new(t.clone(), Some(durable.into())).unwrap(),
-    ));
-    cfg.reorder = ReorderConfig {
-        first_seq: Some(1),
-        gap_timeout: Some(Duration::from_secs(30)),
-        ..ReorderConfig::default()
-    };
-    Subscriber::start(cfg).unwrap()
-}
-
-/// Enqueues 1..=n on `topic`, calling `at(k)` once when k have been
-/// acknowledged, for each k in `marks`.
-fn publish_through(p: &Publisher, topic: &str, n: u64, marks: &[u64], mut at: impl FnMut(u64)) {
-    let t0 = Instant::now();
-    let mut next = 1;
-    let mut marks = marks.iter().copied().peekable();
-    while next <= n || p.status().unacked > 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "publishing stalled: {:?}",
-            p.status()
-        );
-        let st = p.status();
-        if next <= n && st.unacked < 200 {
-            let upto = (next + 49).min(n);
-            p.enqueue_many(topic, (next..=upto).map(|i| format!("m{i}")).collect())
-                .unwrap();
-            next = upto + 1;
-        }
-        let acked = next - 1 - p.status().unacked as u64;
-        if let Some(&k) = marks.peek() {
-            if acked >= k {
-                marks.next();
-                at(k);
-            }
-        }
-        p.wait_until(Duration::from_millis(20), |s| s.unacked < 100);
-    }
-}
-
-/// Reads `n` in-order deliveries; checks they are 1..=n of `gw1`.
-fn expect_in_order(sub: &mut Subscriber, n: u64) {
-    let end = Instant::now() + Duration::from_secs(60);
-    let mut next = 1;
-    while next <= n {
-        assert!(Instant::now() < end, "only {} of {n} delivered", next - 1);
-        match sub.recv_timeout(Duration::from_millis(500)) {
-            Some(SubEvent::Delivery(d)) => {
-                assert_eq!(d.env.publisher, "gw1");
-                assert_eq!(d.env.seq, next, "out of order");
-                assert_eq!(d.skipped_before, 0, "a gap before {next}");
-                assert_eq!(d.env.msg, format!("m{next}"));
-                next += 1;
-            }
-            Some(SubEvent::Undecodable(t, _, why)) => panic!("undecodable on {t}: {why}"),
-            _ => {}
-        }
-    }
-    let s = sub.stats();
-    assert_eq!(s.skipped, 0);
-}
-
-/// Stored once: the stream holds exactly n messages, with n distinct
-/// message ids and n distinct sequence numbers.
-fn expect_stored_once(t: &Target, n: u64) -> usize {
-    // A node killed and restarted answers for the stream only once it has
-    // caught up (a new leader may still be elected on a loaded machine):
-    // the count is read until it is n, for at most 30 s, and then must be.
-    let end = Instant::now() + Duration::from_secs(30);
-    let mut seen = stream_now(t).map(|s| s.messages);
-    while seen.as_ref().ok() != Some(&n) && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(250));
-        seen = stream_now(t).map(|s| s.messages);
-    }
-    assert_eq!(seen.unwrap(), n, "messages in the stream");
-    let all = read_all(t).unwrap();
-    assert_eq!(all.len() as u64, n);
-    let ids: HashSet<_> = all.iter().map(|(_, _, id)| id.clone().unwrap()).collect();
-    assert_eq!(ids.len() as u64, n, "distinct Nats-Msg-Id");
-    let seqs: Vec<u64> = all
-        .iter()
-        .map(|(_, p, _)| mintgate_mqtt::decode(p).unwrap().seq)
-        .collect();
-    let distinct: HashSet<_> = seqs.iter().collect();
-    assert_eq!(distinct.len() as u64, n, "distinct seq");
-    // stored out of order (a resend after a lost ack stored behind a
-    // later one): the reorder buffer puts them back; reported
-    seqs.windows(2).filter(|w| w[1] < w[0]).count()
 }
 
 #[test]
@@ -239,5 +93,95 @@ fn whole_cluster_down_for_a_while_and_back() {
         }
     });
     finish("cluster down 2 s", p, &out, None, &t, 1000);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A gateway publishing into a nats-server leaf node on its own host (no
+/// JetStream there) whose hub is the 3-node cluster; the leaf's link to
+/// the hub is cut for 3 s (the whole hub killed -9 and started again)
+/// while the gateway goes on publishing. While it is down the leaf answers
+/// every publish at once with "no responders" or lets it time out, and the
+/// gateway's own queue holds the data; after it the queue sends them
+/// again, and the hub stores every message once and in order.
+#[test]
+fn leaf_node_link_to_the_hub_cut_for_a_while_and_back() {
+    use mintgate_nats::cluster::Options;
+    let dir = tmp("leaf");
+    // the hub's JetStream in a domain of its own: the leaf's clients
+    // reach its API at $JS.hub.API (a leaf without JetStream does not
+    // pass the plain $JS.API on)
+    let hub_opts = Options {
+        leafnodes: true,
+        domain: "hub".into(),
+        ..Options::default()
+    };
+    let Some(mut hub) = Cluster::start_for_tests_with(&dir.join("hub"), 3, hub_opts).unwrap()
+    else {
+        return;
+    };
+    let t_hub = hub.target("LEAF").unwrap();
+    assert_eq!(t_hub.domain, "hub");
+    wait_stream_ready(&t_hub, Duration::from_secs(20)).unwrap();
+    let remotes: Vec<String> = hub.leaf_urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let leaf_opts = Options {
+        jetstream: false,
+        name_prefix: "leaf".into(),
+        extra: format!(
+            "leafnodes {{\n  remotes = [ {{ urls: [{}] }} ]\n}}\n",
+            remotes.join(", ")
+        ),
+        ..Options::default()
+    };
+    let leaf = Cluster::start_for_tests_with(&dir.join("leaf"), 1, leaf_opts)
+        .unwrap()
+        .unwrap();
+    let t_leaf = Target {
+        servers: leaf.urls(),
+        ..t_hub.clone()
+    };
+    // the leaf is linked when the stream answers through it
+    wait_stream_ready(&t_leaf, Duration::from_secs(20)).expect("the stream through the leaf");
+    let (p, out) = publisher(&t_leaf, &dir.join("q"), 8);
+    // at 400 acknowledged the hub goes down for 3 s while the gateway goes
+    // on enqueueing; measured: what its queue held, and how long after the
+    // hub was back the first of it was acknowledged
+    let (held, resumed) = std::thread::scope(|scope| {
+        let (cut_tx, cut_rx) = std::sync::mpsc::channel();
+        let (hub, p) = (&mut hub, &p);
+        let cutter = scope.spawn(move || {
+            cut_rx.recv().expect("the mark");
+            for i in 0..3 {
+                hub.kill(i);
+            }
+            std::thread::sleep(Duration::from_secs(3));
+            let during = p.status();
+            for i in 0..3 {
+                hub.restart(i).expect("the hub again");
+            }
+            let back = std::time::Instant::now();
+            while p.status().queue.acked == during.queue.acked
+                && back.elapsed() < Duration::from_secs(30)
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (during, back.elapsed())
+        });
+        publish_through(p, "sensors/temp0", 1500, &[400], |k| {
+            eprintln!("cutting the leaf's link to the hub after {k} acknowledged, for 3 s");
+            cut_tx.send(()).unwrap();
+        });
+        cutter.join().unwrap()
+    });
+    assert!(
+        held.unacked > 0 && held.queue.acked < 1500,
+        "the gateway's queue holds what the hub could not store: {held:?}"
+    );
+    eprintln!(
+        "leaf link cut for 3 s: the gateway's queue held {} messages; the first acknowledged \
+         {:.2} s after the hub was back",
+        held.unacked,
+        resumed.as_secs_f64()
+    );
+    finish("leaf link cut 3 s", p, &out, None, &t_hub, 1500);
     let _ = std::fs::remove_dir_all(&dir);
 }
