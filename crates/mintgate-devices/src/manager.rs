@@ -524,15 +524,7 @@ fn opcua_nodes(
     spec: &DeviceSpec,
 ) -> Result<Vec<(crate::opcua::NodeSpec, crate::opcua::NodeId, Duration)>, DeviceError> {
     use crate::opcua::{check_node, DEFAULT_PERIOD, MAX_NODES, MIN_PERIOD};
-    if !(1..=MAX_NODES).contains(&spec.nodes.len()) {
-        return Err(cfg_err(
-            spec,
-            format!(
-                "needs 1 to {MAX_NODES} `nodes` ([[devices.list.nodes]]), has {}",
-                spec.nodes.len()
-            ),
-        ));
-    }
+    item_count(spec, "nodes", spec.nodes.len(), MAX_NODES)?;
     let mut names = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(spec.nodes.len());
     for n in &spec.nodes {
@@ -548,6 +540,17 @@ fn opcua_nodes(
         out.push((n.clone(), id, period));
     }
     Ok(out)
+}
+
+/// Checks that `spec` lists 1 to `max` of its `key` (`points`, `nodes`).
+fn item_count(spec: &DeviceSpec, key: &str, n: usize, max: usize) -> Result<(), DeviceError> {
+    if (1..=max).contains(&n) {
+        return Ok(());
+    }
+    Err(cfg_err(
+        spec,
+        format!("needs 1 to {max} `{key}` ([[devices.list.{key}]]), has {n}"),
+    ))
 }
 
 /// Checks the name of a point (or node) of `spec`: valid as part of its
@@ -694,15 +697,7 @@ fn modbus_points(
     spec: &DeviceSpec,
 ) -> Result<Vec<(crate::modbus::PointSpec, Duration)>, DeviceError> {
     use crate::modbus::{check_point, DEFAULT_PERIOD, MAX_POINTS, MIN_PERIOD};
-    if !(1..=MAX_POINTS).contains(&spec.points.len()) {
-        return Err(cfg_err(
-            spec,
-            format!(
-                "needs 1 to {MAX_POINTS} `points` ([[devices.list.points]]), has {}",
-                spec.points.len()
-            ),
-        ));
-    }
+    item_count(spec, "points", spec.points.len(), MAX_POINTS)?;
     let mut names = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(spec.points.len());
     for p in &spec.points {
