@@ -95,6 +95,12 @@ fi
 step "building peers/paho (mvn package)"
 mvn -q -B -f peers/paho/pom.xml package
 
+# A one-off build gains nothing from incremental state (gigabytes under
+# target/debug/incremental); set CARGO_INCREMENTAL=1 to keep it.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+disk() { echo "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free, target/ $(du -sh target 2>/dev/null | cut -f1)"; }
+disk
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -104,6 +110,7 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "cargo test (peers required)"
 export MINTGATE_REQUIRE_PEERS=1
 cargo test --workspace 2>&1 | tee target/test-output.txt
+disk
 
 # The buffer pool's unsafe code, two more ways, each built in a target dir
 # of its own under target/ (the main build stays valid): its loom model of
@@ -132,6 +139,8 @@ if [ "$fuzz_s" != "0" ]; then
   step "fuzz smoke run (${fuzz_s}s per target, dev profile, then corpus replay)"
   MINTGATE_REQUIRE_FUZZ=1 MINTGATE_FUZZ_DEV=1 scripts/fuzz.sh "$fuzz_s"
 fi
+
+disk
 
 # one closing line for CI, from cargo's own per-binary summaries
 passed=$(grep -Eo '[0-9]+ passed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
