@@ -71,7 +71,7 @@ for tool in coap-server-notls coap-client-notls python3; do
     command -v "$tool" >/dev/null || { echo "$tool not found (libcoap3-bin, python3)" >&2; exit 1; }
 done
 
-cargo build --release -q -p mintgate-cli
+cargo build --release -q -p mintgate-cli --features labs
 BIN=$PWD/target/release/mintgate
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"

@@ -6,20 +6,27 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// The system allocator, counting only while a lab asks (`lab buffers`
 /// measures the HTTP proxy's heap use with it); otherwise one relaxed load
-/// per allocation.
+/// per allocation. Only in builds with the labs: the gateway alone uses the
+/// system allocator as it is.
+#[cfg(feature = "labs")]
 #[global_allocator]
 static ALLOC: mintgate_buf::heap::CountingAlloc = mintgate_buf::heap::CountingAlloc;
 
+#[cfg(feature = "labs")]
 mod bench;
 mod client;
+#[cfg(feature = "labs")]
 mod fleet;
 mod http;
+#[cfg(feature = "labs")]
 mod lab;
 mod mqtt;
 mod netem;
 mod observe;
 mod proxy;
 mod serve;
+#[cfg(not(feature = "labs"))]
+mod without_labs;
 
 /// mintgate: an IoT middleware and edge gateway (CoAP, HTTP/QUIC proxies, MQTT).
 #[derive(Parser)]
@@ -57,13 +64,21 @@ enum Cmd {
     /// Send a CoAP DELETE and print the response.
     Delete(client::RequestArgs),
     /// Load-generate against one or more CoAP servers and report throughput and latency.
+    #[cfg(feature = "labs")]
     Bench(bench::BenchArgs),
+    /// The CoAP load generator: not in this build (cargo feature `labs`).
+    #[cfg(not(feature = "labs"))]
+    Bench(without_labs::NotBuilt),
     /// Relay UDP with loss, delay and jitter, or TCP with delay, in each direction (no tc netem or root needed).
     Netem(netem::NetemArgs),
     /// Observe a resource (RFC 7641): print each notification until a count or duration.
     Observe(observe::ObserveArgs),
     /// Reproduce the papers' experiments and put our figures beside theirs.
+    #[cfg(feature = "labs")]
     Lab(lab::LabArgs),
+    /// The labs (the papers' experiments): not in this build (cargo feature `labs`).
+    #[cfg(not(feature = "labs"))]
+    Lab(without_labs::NotBuilt),
     /// Publish messages 1..N in order through the persistent MQTT publish queue.
     Publish(mqtt::PublishArgs),
     /// Subscribe to an MQTT topic; print messages de-duplicated and in order.
@@ -231,8 +246,14 @@ fn main() -> ExitCode {
         Cmd::Put(a) => client::run(Code::PUT, a),
         Cmd::Post(a) => client::run(Code::POST, a),
         Cmd::Delete(a) => client::run(Code::DELETE, a),
+        #[cfg(feature = "labs")]
         Cmd::Bench(a) => bench::run(a),
+        #[cfg(feature = "labs")]
         Cmd::Lab(a) => lab::run(a),
+        #[cfg(not(feature = "labs"))]
+        Cmd::Bench(a) => without_labs::run("bench", a),
+        #[cfg(not(feature = "labs"))]
+        Cmd::Lab(a) => without_labs::run("lab", a),
         Cmd::Netem(a) => netem::run(a),
         Cmd::Observe(a) => observe::run(a),
         Cmd::Publish(a) => mqtt::run_publish(a),
