@@ -25,6 +25,7 @@ mod netem;
 mod observe;
 mod proxy;
 mod serve;
+mod systemd;
 #[cfg(not(feature = "labs"))]
 mod without_labs;
 
