@@ -17,6 +17,7 @@ mod bench;
 mod client;
 #[cfg(feature = "labs")]
 mod fleet;
+mod generate;
 mod http;
 #[cfg(feature = "labs")]
 mod lab;
@@ -25,6 +26,7 @@ mod netem;
 mod observe;
 mod proxy;
 mod serve;
+mod systemd;
 #[cfg(not(feature = "labs"))]
 mod without_labs;
 
@@ -89,6 +91,10 @@ enum Cmd {
     Proxy(proxy::ProxyArgs),
     /// Send HTTP requests (HTTP/1.1, HTTP/2 or HTTP/3) and print status, headers, body and timing.
     Http(http::HttpArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate::CompletionsArgs),
+    /// Print the manual page, or write one for every command into a folder.
+    Man(generate::ManArgs),
 }
 
 /// A mistake in how a command was called that only shows once its
@@ -261,6 +267,8 @@ fn main() -> ExitCode {
         Cmd::Broker(a) => mqtt::run_broker(a),
         Cmd::Proxy(a) => proxy::run(a),
         Cmd::Http(a) => http::run(a),
+        Cmd::Completions(a) => generate::completions(a),
+        Cmd::Man(a) => generate::man(a),
     };
     match res {
         Ok(code) => code,

@@ -125,6 +125,10 @@ struct Shared {
     tcp_stats: Option<Arc<crate::coap_tcp::TcpStats>>,
     /// OSCORE contexts (`[oscore]`), when any.
     oscore: Option<crate::oscore::OscoreServer>,
+    /// The pipeline threads' last loops and the readiness checks
+    /// (`/readyz`): receivers `0..listeners`, then the notifier, then the
+    /// timer.
+    health: crate::health::Health,
 }
 
 /// Writes metric families in the Prometheus text format.
