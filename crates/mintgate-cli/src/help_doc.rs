@@ -21,9 +21,11 @@ const GATED: &[(&str, &str)] = &[];
 
 const DOC: &str = "docs/commands.md";
 
+type Gated = [(&'static str, &'static str)];
+
 /// The feature `path` (or a command above it) needs, if any.
-fn gate_of(path: &str) -> Option<(&'static str, &'static str)> {
-    GATED
+fn gate_of(gated: &Gated, path: &str) -> Option<(&'static str, &'static str)> {
+    gated
         .iter()
         .copied()
         .find(|(p, _)| path == *p || path.starts_with(&format!("{p} ")))
@@ -55,9 +57,9 @@ fn anchor(path: &str) -> String {
     path.replace(' ', "-")
 }
 
-fn section(path: &str, help: &str) -> String {
+fn section(gated: &Gated, path: &str, help: &str) -> String {
     let mut s = format!("## `{path}`\n\n");
-    if let Some((p, feature)) = gate_of(path) {
+    if let Some((p, feature)) = gate_of(gated, path) {
         s.push_str(&format!(
             "Only in a build with the cargo feature `{feature}` (as `{p}` is).\n\n"
         ));
@@ -68,7 +70,7 @@ fn section(path: &str, help: &str) -> String {
     s
 }
 
-fn document(sections: &[(String, String)]) -> String {
+fn document(gated: &Gated, sections: &[(String, String)]) -> String {
     let mut d = String::from(
         "# Command reference\n\n\
          Every command's `--help`, as the program prints it. This page is generated from the \
@@ -84,7 +86,7 @@ fn document(sections: &[(String, String)]) -> String {
     for (path, _) in sections {
         let depth = path.matches(' ').count();
         let indent = "  ".repeat(depth.saturating_sub(1));
-        let gate = gate_of(path)
+        let gate = gate_of(gated, path)
             .map(|(_, f)| format!(" (feature `{f}`)"))
             .unwrap_or_default();
         if depth > 0 {
@@ -93,7 +95,7 @@ fn document(sections: &[(String, String)]) -> String {
     }
     for (path, help) in sections {
         d.push('\n');
-        d.push_str(&section(path, help));
+        d.push_str(&section(gated, path, help));
     }
     d
 }
@@ -141,63 +143,122 @@ fn first_difference(want: &str, got: &str) -> String {
     )
 }
 
-#[test]
-fn commands_md_is_the_programs_help() {
+/// The commands of this build, (path, help), as `--help` renders them.
+fn this_build() -> Vec<(String, String)> {
     let mut cmd = hide_env_values(crate::Cli::command());
     cmd.build();
     let mut sections = Vec::new();
     render(&mut cmd, "mintgate".to_owned(), &mut sections);
-    assert!(sections.len() > 10, "{} commands", sections.len());
-    let rendered = document(&sections);
-    let path = repo_file(DOC);
-    let missing: Vec<&str> = GATED
+    sections
+}
+
+const HOW: &str = "regenerate it with `MINTGATE_BLESS=1 cargo test -p mintgate-cli --bin mintgate \
+                   commands_md` and commit docs/commands.md";
+
+/// The commands `gated` names that this build lacks (their feature is off).
+fn missing(gated: &Gated, sections: &[(String, String)]) -> Vec<&'static str> {
+    gated
         .iter()
         .map(|(p, _)| *p)
         .filter(|p| !sections.iter().any(|(s, _)| s == p))
-        .collect();
+        .collect()
+}
+
+/// Whether `committed` is what this build renders: all of it with every
+/// feature on; without a feature, every section this build renders except
+/// the parents of the missing commands (their lists differ), and the
+/// missing ones present and marked.
+fn check(gated: &Gated, sections: &[(String, String)], committed: &str) -> Result<(), String> {
+    let missing = missing(gated, sections);
+    if missing.is_empty() {
+        let rendered = document(gated, sections);
+        return if committed == rendered {
+            Ok(())
+        } else {
+            Err(format!(
+                "{DOC} differs from the program's help; {HOW}.\n{}",
+                first_difference(committed, &rendered)
+            ))
+        };
+    }
+    let doc = split_sections(committed);
+    let parent_of_missing = |p: &str| missing.iter().any(|m| m.starts_with(&format!("{p} ")));
+    for (p, help) in sections {
+        if parent_of_missing(p) {
+            continue;
+        }
+        let want = section(gated, p, help);
+        let got = doc.iter().find(|(d, _)| d == p).map(|(_, s)| s.as_str());
+        if got.map(str::trim_end) != Some(want.trim_end()) {
+            return Err(format!(
+                "{DOC}: the section of `{p}` differs from the program's help; {HOW}.\n{}",
+                first_difference(got.unwrap_or(""), &want)
+            ));
+        }
+    }
+    for m in &missing {
+        match doc.iter().find(|(d, _)| d == m) {
+            Some((_, s)) if s.contains("Only in a build with the cargo feature") => {}
+            Some(_) => return Err(format!("{DOC}: `{m}` is not marked as feature-gated")),
+            None => return Err(format!("{DOC} has no section for the feature-gated `{m}`")),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn commands_md_is_the_programs_help() {
+    let sections = this_build();
+    assert!(sections.len() > 10, "{} commands", sections.len());
+    let path = repo_file(DOC);
     if std::env::var_os("MINTGATE_BLESS").is_some() {
+        let missing = missing(GATED, &sections);
         assert!(
             missing.is_empty(),
             "{missing:?} not in this build: regenerate {DOC} with every feature on"
         );
-        std::fs::write(&path, &rendered).unwrap();
+        std::fs::write(&path, document(GATED, &sections)).unwrap();
         return;
     }
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    let how = "regenerate it with `MINTGATE_BLESS=1 cargo test -p mintgate-cli --bin mintgate \
-               commands_md` and commit docs/commands.md";
-    if missing.is_empty() {
-        assert!(
-            committed == rendered,
-            "{DOC} differs from the program's help; {how}.\n{}",
-            first_difference(&committed, &rendered)
-        );
-        return;
+    if let Err(e) = check(GATED, &sections, &committed) {
+        panic!("{e}");
     }
-    // Without a feature: every section this build renders, except the
-    // parents of the missing commands (their lists differ), must be there
-    // as committed; the missing ones must be in the file, marked.
-    let doc = split_sections(&committed);
-    let parent_of_missing = |p: &str| missing.iter().any(|m| m.starts_with(&format!("{p} ")));
-    for (p, help) in &sections {
-        if parent_of_missing(p) {
-            continue;
-        }
-        let want = section(p, help);
-        let got = doc.iter().find(|(d, _)| d == p).map(|(_, s)| s.as_str());
-        assert!(
-            got.map(str::trim_end) == Some(want.trim_end()),
-            "{DOC}: the section of `{p}` differs from the program's help; {how}.\n{}",
-            first_difference(got.unwrap_or(""), &want)
-        );
-    }
-    for m in &missing {
-        let (_, s) = doc
-            .iter()
-            .find(|(d, _)| d == m)
-            .unwrap_or_else(|| panic!("{DOC} has no section for the feature-gated `{m}`"));
-        assert!(s.contains("Only in a build with the cargo feature"), "{m}");
-    }
+}
+
+#[test]
+fn a_build_without_a_feature_checks_the_rest_and_keeps_the_gated_sections() {
+    let s = |p: &str, h: &str| (p.to_owned(), h.to_owned());
+    let gated: &Gated = &[("mintgate lab", "labs")];
+    let full = vec![
+        s("mintgate", "Commands: serve lab"),
+        s("mintgate serve", "Run the gateway"),
+        s("mintgate lab", "Labs"),
+        s("mintgate lab vta", "Paper 000"),
+    ];
+    let doc = document(gated, &full);
+    assert!(doc.contains("Only in a build with the cargo feature `labs`"));
+    assert_eq!(check(gated, &full, &doc), Ok(()));
+    // the same file, checked by a build without `labs`: its root lists fewer
+    // commands, which is not held against it
+    let lean = vec![
+        s("mintgate", "Commands: serve"),
+        s("mintgate serve", "Run the gateway"),
+    ];
+    assert_eq!(check(gated, &lean, &doc), Ok(()));
+    // but a changed help of a command it has is
+    let changed = vec![
+        s("mintgate", "Commands: serve"),
+        s("mintgate serve", "Run it"),
+    ];
+    assert!(check(gated, &changed, &doc).is_err());
+    // and a gated section must be in the file, marked
+    let unmarked = document(&[], &full);
+    assert!(check(gated, &lean, &unmarked).is_err());
+    let without = document(gated, &full[..2]);
+    assert!(check(gated, &lean, &without).is_err());
+    // with every feature on, the whole file must match
+    assert!(check(gated, &full, &doc.replace("Paper 000", "Paper 001")).is_err());
 }
 
 #[test]
@@ -210,10 +271,10 @@ fn sections_split_back_into_the_commands_they_were_written_from() {
             "x\n## not a heading".to_owned(),
         ),
     ];
-    let split = split_sections(&document(&sections));
+    let split = split_sections(&document(&[], &sections));
     let paths: Vec<&str> = split.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(paths, ["mintgate", "mintgate lab", "mintgate lab all"]);
     for ((p, help), (_, s)) in sections.iter().zip(&split) {
-        assert_eq!(s.trim_end(), section(p, help).trim_end());
+        assert_eq!(s.trim_end(), section(&[], p, help).trim_end());
     }
 }

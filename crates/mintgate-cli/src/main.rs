@@ -31,7 +31,8 @@ struct Cli {
     /// it (or MINTGATE_LOG), RUST_LOG when set, else `info`.
     #[arg(long, global = true, value_name = "FILTER", env = "MINTGATE_LOG")]
     log: Option<String>,
-    /// Log line format.
+    /// Log line format: text for people, json for journald or a log
+    /// shipper.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
