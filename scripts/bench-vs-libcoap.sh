@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mintgate vs libcoap (coap-server-notls) on this machine: the performance
-# targets of issue 2, measured with `mintgate bench` in one run.
+# targets against libcoap, measured with `mintgate bench` in one run.
 #
 #   1. NON GET /request, closed loop, saturating: mintgate >= 2.5x libcoap req/s
 #   2. CON GET /request, 100 clients x 1 outstanding: mintgate >= 2x libcoap req/s

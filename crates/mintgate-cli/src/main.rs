@@ -18,6 +18,8 @@ mod client;
 #[cfg(feature = "labs")]
 mod fleet;
 mod generate;
+#[cfg(test)]
+mod help_doc;
 mod http;
 #[cfg(feature = "labs")]
 mod lab;
@@ -38,7 +40,8 @@ struct Cli {
     /// it (or MINTGATE_LOG), RUST_LOG when set, else `info`.
     #[arg(long, global = true, value_name = "FILTER", env = "MINTGATE_LOG")]
     log: Option<String>,
-    /// Log line format.
+    /// Log line format: text for people, json for journald or a log
+    /// shipper.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -56,6 +59,13 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the gateway: CoAP over UDP with the embedded defaults or a config file.
+    ///
+    /// Runs until SIGINT or SIGTERM (exit 0). Besides CoAP over UDP it serves,
+    /// when asked: the HTTP/1.1, HTTP/2 and HTTP/3 proxy and the live dashboard
+    /// (--http, --h3), coaps (--coaps), CoAP over TCP (--coap-tcp), the MQTT
+    /// bridges (--mqtt) or NATS JetStream (--nats), and Prometheus metrics
+    /// (--metrics). A receiver, timer or notifier thread that dies ends the
+    /// process with exit status 70, for a supervisor to restart it.
     Serve(serve::ServeArgs),
     /// Send a CoAP GET and print the response.
     Get(client::RequestArgs),
@@ -76,6 +86,12 @@ enum Cmd {
     /// Observe a resource (RFC 7641): print each notification until a count or duration.
     Observe(observe::ObserveArgs),
     /// Reproduce the papers' experiments and put our figures beside theirs.
+    ///
+    /// Each lab writes CSV files and SVG figures into --out and prints a table
+    /// of our figures beside the paper's; --quick shortens it (without it, the
+    /// papers' own settings: some labs take hours). Exit code 0 when the lab
+    /// ran (a missed target is reported in its table), 1 on an error. The
+    /// labs and their figures are described in docs/labs.md.
     #[cfg(feature = "labs")]
     Lab(lab::LabArgs),
     /// The labs (the papers' experiments): not in this build (cargo feature `labs`).
@@ -86,6 +102,12 @@ enum Cmd {
     /// Subscribe to an MQTT topic; print messages de-duplicated and in order.
     Subscribe(mqtt::SubscribeArgs),
     /// Run the embedded MQTT broker (rumqttd).
+    ///
+    /// Listens on 127.0.0.1:1883 (MQTT 3.1.1) and 127.0.0.1:1884 (MQTT 5)
+    /// unless told otherwise, until Ctrl-C. Keep it on loopback where clients
+    /// you do not control connect: rumqttd 0.20 stops taking connections on a
+    /// listener after a client reconnects under a client id it refused (see
+    /// docs/operations.md); an external broker (mosquitto) avoids that.
     Broker(mqtt::BrokerArgs),
     /// Run the HTTP/1.1, HTTP/2 and HTTP/3 proxy to CoAP on its own (RFC 8075).
     Proxy(proxy::ProxyArgs),

@@ -1,4 +1,4 @@
-//! The MQTT bridges (SPEC section 6; configured in `[mqtt]`,
+//! The MQTT bridges (paper 004's publish queue; configured in `[mqtt]`,
 //! `docs/mqtt.md`):
 //!
 //! - devices -> topics: every new value of a device (a sensor's sample or

@@ -1,4 +1,6 @@
-//! Adaptive RTO (Choi & Choo 2023, as paper 002 uses it; SPEC section 2).
+//! Adaptive RTO (Choi & Choo, "Design of adaptive RTO algorithm for
+//! efficient congestion control in CoAP-based wireless lossy environment",
+//! J. Inst. Control, Robotics and Systems, 2023), as paper 002 uses it.
 //!
 //! Per destination, exchanges are collected over a *window*. When it closes,
 //! the window's loss rate `p = retransmissions / transmissions` becomes the

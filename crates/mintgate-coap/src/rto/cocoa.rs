@@ -1,4 +1,5 @@
-//! CoCoA (draft-ietf-core-cocoa-03), as SPEC section 2 states it.
+//! CoCoA ("CoAP Simple Congestion Control/Advanced",
+//! draft-ietf-core-cocoa-03, the last version of the draft).
 //!
 //! Per destination, two RFC 6298 estimators (alpha 1/8, beta 1/4; on the
 //! first sample SRTT = R and RTTVAR = R/2), each giving

@@ -1,4 +1,4 @@
-//! The Interaction pipeline (SPEC section 1) over UDP:
+//! The Interaction pipeline (paper 000) over UDP:
 //!
 //! ```text
 //! socket --recvmmsg--> Network Receiver --batch--> HTP queue --batch--> handler pool --sendmmsg--> socket
