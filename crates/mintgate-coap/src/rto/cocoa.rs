@@ -30,7 +30,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::{Rng, SeedableRng};
 
 use super::table::DestTable;
@@ -132,7 +132,7 @@ pub fn backoff_factor(rto: Duration) -> f64 {
 #[derive(Debug)]
 pub struct Cocoa {
     params: TransmissionParams,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     dests: DestTable<DestState>,
 }
 
@@ -152,7 +152,7 @@ impl Cocoa {
     ) -> Cocoa {
         Cocoa {
             params,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
             dests: DestTable::new(capacity, forget_after),
         }
     }
