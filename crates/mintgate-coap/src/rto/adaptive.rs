@@ -47,7 +47,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::SeedableRng;
 
 use super::table::DestTable;
@@ -178,7 +178,7 @@ impl AdaptiveState {
 #[derive(Debug)]
 pub struct Adaptive {
     params: TransmissionParams,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     dests: DestTable<AdaptiveState>,
     window: u32,
     max_period: Duration,
@@ -200,7 +200,7 @@ impl Adaptive {
     ) -> Adaptive {
         Adaptive {
             params,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
             dests: DestTable::new(1024, Duration::from_secs(600)),
             window: window.clamp(1, 32),
             max_period,

@@ -31,7 +31,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::{Rng, SeedableRng};
 
 use super::table::DestTable;
@@ -133,7 +133,7 @@ pub fn backoff_factor(rto: Duration) -> f64 {
 #[derive(Debug)]
 pub struct Cocoa {
     params: TransmissionParams,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     dests: DestTable<DestState>,
 }
 
@@ -153,7 +153,7 @@ impl Cocoa {
     ) -> Cocoa {
         Cocoa {
             params,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
             dests: DestTable::new(capacity, forget_after),
         }
     }
