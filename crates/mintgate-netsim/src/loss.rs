@@ -1,7 +1,7 @@
 //! Loss models.
 
-use rand_chacha::ChaCha12Rng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
 
 /// Decides, datagram by datagram, which are lost.
 ///

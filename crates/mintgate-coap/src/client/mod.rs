@@ -48,8 +48,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rand_chacha::ChaCha12Rng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
 
 use crate::rto::{RtoController, TransmissionParams};
 use crate::wire::{head_len, Code, MessageType, MessageWriter, OptionNumber, Packet, WriteError};
