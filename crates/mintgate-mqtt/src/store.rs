@@ -418,7 +418,8 @@ fn open_db(
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError {
                 path: path.display().to_string(),
                 what: "opening",
-                cause: "the queue is in use by another process (one publisher per --state folder)"
+                cause: "the queue is in use by another process (one process per state folder: \
+                        `--state DIR` of publish, `[mqtt] state` of serve)"
                     .into(),
                 full: false,
             },
