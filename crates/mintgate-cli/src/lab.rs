@@ -404,7 +404,7 @@ struct FieldbusLabArgs {
     /// Polls per second of every device.
     #[arg(long, default_value_t = 10.0, value_name = "HZ", value_parser = poll_rate)]
     hz: f64,
-    /// The measured window (after a 3 s warm-up), 1s..=1h.
+    /// The measured window (after a 2 s warm-up), 1s..=1h.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     duration: Duration,
     /// Seed of the instants at which the probe register changes.

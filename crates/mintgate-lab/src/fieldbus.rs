@@ -131,7 +131,7 @@ impl FieldbusOptions {
             points: 50,
             hz: 10.0,
             duration: Duration::from_secs(60),
-            warmup: Duration::from_secs(3),
+            warmup: Duration::from_secs(2),
             seed: 1,
             broker: FieldbusBroker::Auto,
         }
@@ -542,6 +542,9 @@ fn mqtt_thread(
     Ok(std::thread::Builder::new()
         .name("lab-mqtt".into())
         .spawn(move || {
+            // the bridge publishes every poll: only changes are kept, so
+            // memory grows with the changes, not with the polls
+            let mut last = None;
             while !stop.load(Ordering::Relaxed) {
                 if let Some(SubEvent::Arrival(env, at)) =
                     sub.recv_timeout(Duration::from_millis(100))
@@ -549,7 +552,8 @@ fn mqtt_thread(
                     let v = serde_json::from_str::<serde_json::Value>(&env.msg)
                         .ok()
                         .and_then(|j| j.get("value").and_then(serde_json::Value::as_f64));
-                    if let Some(v) = v {
+                    if let Some(v) = v.filter(|v| last != Some(*v)) {
+                        last = Some(v);
                         out.lock().expect("arrivals").push((clock.ns(at), v));
                     }
                 }
@@ -743,7 +747,7 @@ pub fn lab_fieldbus(o: &FieldbusOptions) -> anyhow::Result<Summary> {
         }
         std::thread::sleep(gap);
         let i = (k % 1000) as u16;
-        let value = if k % 2 == 0 { 6000 + i } else { 1000 + i };
+        let value = if k.is_multiple_of(2) { 6000 + i } else { 1000 + i };
         sim.set(0, 0, value)?;
         k += 1;
         if Instant::now() >= next_report {
@@ -1112,6 +1116,28 @@ mod tests {
         assert_eq!(stats(&mut []), (0.0, 0.0, 0.0));
         let mut one = [3.5];
         assert_eq!(stats(&mut one), (3.5, 3.5, 3.5));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn simulator_lines_round_trip(d in 0usize..200, a: u16, v: u16, t: u64, on: bool) {
+            let set = SimEvent::Set(d, a, v, t);
+            proptest::prop_assert_eq!(parse_sim_line(&format!("set {d} {a} {v} {t}")), Some(set));
+            proptest::prop_assert_eq!(
+                parse_sim_line(&format!("read {d} {a} {t}")),
+                Some(SimEvent::Read(d, a, t))
+            );
+            proptest::prop_assert_eq!(
+                parse_sim_line(&format!("coil {a} {} {t}", u8::from(on))),
+                Some(SimEvent::Coil(a, on, t))
+            );
+        }
+
+        #[test]
+        fn any_text_parses_or_is_ignored(l in ".{0,80}") {
+            let _ = parse_sim_line(&l);
+            let _ = by_connection(&l, "mintgate_field_polls_total", Some("0.99"));
+        }
     }
 
     #[test]
