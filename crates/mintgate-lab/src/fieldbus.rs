@@ -747,7 +747,11 @@ pub fn lab_fieldbus(o: &FieldbusOptions) -> anyhow::Result<Summary> {
         }
         std::thread::sleep(gap);
         let i = (k % 1000) as u16;
-        let value = if k.is_multiple_of(2) { 6000 + i } else { 1000 + i };
+        let value = if k.is_multiple_of(2) {
+            6000 + i
+        } else {
+            1000 + i
+        };
         sim.set(0, 0, value)?;
         k += 1;
         if Instant::now() >= next_report {
