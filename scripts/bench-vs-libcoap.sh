@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mintgate vs libcoap (coap-server-notls) on this machine: the performance
-# targets of issue 2, measured with `mintgate bench` in one run.
+# targets against libcoap, measured with `mintgate bench` in one run.
 #
 #   1. NON GET /request, closed loop, saturating: mintgate >= 2.5x libcoap req/s
 #   2. CON GET /request, 100 clients x 1 outstanding: mintgate >= 2x libcoap req/s
@@ -71,7 +71,7 @@ for tool in coap-server-notls coap-client-notls python3; do
     command -v "$tool" >/dev/null || { echo "$tool not found (libcoap3-bin, python3)" >&2; exit 1; }
 done
 
-cargo build --release -q -p mintgate-cli
+cargo build --release -q -p mintgate-cli --features labs
 BIN=$PWD/target/release/mintgate
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"

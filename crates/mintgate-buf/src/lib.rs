@@ -1,4 +1,5 @@
-//! Pooled fixed-block buffers (paper 003, SPEC section 5).
+//! Pooled fixed-block buffers (paper 003, "TCP/IP Using Minimal Resources
+//! in IoT Systems", Lee and Shin, JKSCI 2020).
 //!
 //! A [`Pool`] owns a few *partitions*; each partition is one slab of `blocks`
 //! blocks of `block_size` bytes with its own free list and free count (the

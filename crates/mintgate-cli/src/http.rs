@@ -49,10 +49,13 @@ pub struct HttpArgs {
     /// Requests to send, one after the other.
     #[arg(long, short = 'n', default_value_t = 1)]
     count: u32,
-    /// Method.
+    /// HTTP method: GET, HEAD, PUT, POST, DELETE, ... (the proxy maps
+    /// each to its CoAP method).
     #[arg(long, short = 'X', default_value = "GET")]
     method: String,
-    /// Request body.
+    /// Request body, as given, with no Content-Type unless -H gives one
+    /// (the proxy answers 415 to a type that has no CoAP Content-Format;
+    /// `text/plain` and `application/json` have one).
     #[arg(long, short = 'd', value_name = "DATA")]
     data: Option<String>,
     /// Extra header "Name: value" (repeatable).

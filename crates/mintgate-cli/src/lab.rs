@@ -345,7 +345,8 @@ struct Common {
 /// Options of the labs that take only an output folder and --quick.
 #[derive(clap::Args)]
 struct OutArgs {
-    /// Short settings.
+    /// Short settings: fewer messages and shorter runs, for a first look
+    /// in a minute or two (the figures are noisier than a full run's).
     #[arg(long)]
     quick: bool,
     /// Output folder for the lab's CSV files (and its SVG plot, where it

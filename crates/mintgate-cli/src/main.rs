@@ -6,20 +6,31 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// The system allocator, counting only while a lab asks (`lab buffers`
 /// measures the HTTP proxy's heap use with it); otherwise one relaxed load
-/// per allocation.
+/// per allocation. Only in builds with the labs: the gateway alone uses the
+/// system allocator as it is.
+#[cfg(feature = "labs")]
 #[global_allocator]
 static ALLOC: mintgate_buf::heap::CountingAlloc = mintgate_buf::heap::CountingAlloc;
 
+#[cfg(feature = "labs")]
 mod bench;
 mod client;
+#[cfg(feature = "labs")]
 mod fleet;
+mod generate;
+#[cfg(test)]
+mod help_doc;
 mod http;
+#[cfg(feature = "labs")]
 mod lab;
 mod mqtt;
 mod netem;
 mod observe;
 mod proxy;
 mod serve;
+mod systemd;
+#[cfg(not(feature = "labs"))]
+mod without_labs;
 
 /// mintgate: an IoT middleware and edge gateway (CoAP, HTTP/QUIC proxies, MQTT).
 #[derive(Parser)]
@@ -29,7 +40,8 @@ struct Cli {
     /// it (or MINTGATE_LOG), RUST_LOG when set, else `info`.
     #[arg(long, global = true, value_name = "FILTER", env = "MINTGATE_LOG")]
     log: Option<String>,
-    /// Log line format.
+    /// Log line format: text for people, json for journald or a log
+    /// shipper.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -47,6 +59,13 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the gateway: CoAP over UDP with the embedded defaults or a config file.
+    ///
+    /// Runs until SIGINT or SIGTERM (exit 0). Besides CoAP over UDP it serves,
+    /// when asked: the HTTP/1.1, HTTP/2 and HTTP/3 proxy and the live dashboard
+    /// (--http, --h3), coaps (--coaps), CoAP over TCP (--coap-tcp), the MQTT
+    /// bridges (--mqtt) or NATS JetStream (--nats), and Prometheus metrics
+    /// (--metrics). A receiver, timer or notifier thread that dies ends the
+    /// process with exit status 70, for a supervisor to restart it.
     Serve(serve::ServeArgs),
     /// Send a CoAP GET and print the response.
     Get(client::RequestArgs),
@@ -57,23 +76,47 @@ enum Cmd {
     /// Send a CoAP DELETE and print the response.
     Delete(client::RequestArgs),
     /// Load-generate against one or more CoAP servers and report throughput and latency.
+    #[cfg(feature = "labs")]
     Bench(bench::BenchArgs),
+    /// The CoAP load generator: not in this build (cargo feature `labs`).
+    #[cfg(not(feature = "labs"))]
+    Bench(without_labs::NotBuilt),
     /// Relay UDP with loss, delay and jitter, or TCP with delay, in each direction (no tc netem or root needed).
     Netem(netem::NetemArgs),
     /// Observe a resource (RFC 7641): print each notification until a count or duration.
     Observe(observe::ObserveArgs),
     /// Reproduce the papers' experiments and put our figures beside theirs.
+    ///
+    /// Each lab writes CSV files and SVG figures into --out and prints a table
+    /// of our figures beside the paper's; --quick shortens it (without it, the
+    /// papers' own settings: some labs take hours). Exit code 0 when the lab
+    /// ran (a missed target is reported in its table), 1 on an error. The
+    /// labs and their figures are described in docs/labs.md.
+    #[cfg(feature = "labs")]
     Lab(lab::LabArgs),
+    /// The labs (the papers' experiments): not in this build (cargo feature `labs`).
+    #[cfg(not(feature = "labs"))]
+    Lab(without_labs::NotBuilt),
     /// Publish messages 1..N in order through the persistent MQTT publish queue.
     Publish(mqtt::PublishArgs),
     /// Subscribe to an MQTT topic; print messages de-duplicated and in order.
     Subscribe(mqtt::SubscribeArgs),
     /// Run the embedded MQTT broker (rumqttd).
+    ///
+    /// Listens on 127.0.0.1:1883 (MQTT 3.1.1) and 127.0.0.1:1884 (MQTT 5)
+    /// unless told otherwise, until Ctrl-C. Keep it on loopback where clients
+    /// you do not control connect: rumqttd 0.20 stops taking connections on a
+    /// listener after a client reconnects under a client id it refused (see
+    /// docs/operations.md); an external broker (mosquitto) avoids that.
     Broker(mqtt::BrokerArgs),
     /// Run the HTTP/1.1, HTTP/2 and HTTP/3 proxy to CoAP on its own (RFC 8075).
     Proxy(proxy::ProxyArgs),
     /// Send HTTP requests (HTTP/1.1, HTTP/2 or HTTP/3) and print status, headers, body and timing.
     Http(http::HttpArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate::CompletionsArgs),
+    /// Print the manual page, or write one for every command into a folder.
+    Man(generate::ManArgs),
 }
 
 /// A mistake in how a command was called that only shows once its
@@ -231,8 +274,14 @@ fn main() -> ExitCode {
         Cmd::Put(a) => client::run(Code::PUT, a),
         Cmd::Post(a) => client::run(Code::POST, a),
         Cmd::Delete(a) => client::run(Code::DELETE, a),
+        #[cfg(feature = "labs")]
         Cmd::Bench(a) => bench::run(a),
+        #[cfg(feature = "labs")]
         Cmd::Lab(a) => lab::run(a),
+        #[cfg(not(feature = "labs"))]
+        Cmd::Bench(a) => without_labs::run("bench", a),
+        #[cfg(not(feature = "labs"))]
+        Cmd::Lab(a) => without_labs::run("lab", a),
         Cmd::Netem(a) => netem::run(a),
         Cmd::Observe(a) => observe::run(a),
         Cmd::Publish(a) => mqtt::run_publish(a),
@@ -240,6 +289,8 @@ fn main() -> ExitCode {
         Cmd::Broker(a) => mqtt::run_broker(a),
         Cmd::Proxy(a) => proxy::run(a),
         Cmd::Http(a) => http::run(a),
+        Cmd::Completions(a) => generate::completions(a),
+        Cmd::Man(a) => generate::man(a),
     };
     match res {
         Ok(code) => code,

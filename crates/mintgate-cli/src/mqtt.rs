@@ -296,10 +296,10 @@ pub struct SubscribeArgs {
 /// Arguments of `mintgate broker`.
 #[derive(clap::Args)]
 pub struct BrokerArgs {
-    /// MQTT 3.1.1 listener.
+    /// Address of the MQTT 3.1.1 listener (mqtt://).
     #[arg(long, default_value = "127.0.0.1:1883")]
     listen: std::net::SocketAddr,
-    /// MQTT 5 listener.
+    /// Address of the MQTT 5 listener (mqtt5://).
     #[arg(long, default_value = "127.0.0.1:1884")]
     listen_v5: std::net::SocketAddr,
 }

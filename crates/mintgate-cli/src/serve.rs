@@ -279,10 +279,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     // The proxy's default upstream is this gateway's own CoAP endpoint.
-    let dashboard = cfg
-        .dashboard
-        .enabled
-        .then(|| mintgate_gateway::dashboard::router(gw.handle()));
+    // Its HTTP listener also answers /healthz and /readyz (and the
+    // dashboard when enabled).
+    let mut extra = mintgate_gateway::health::router(gw.handle());
+    if cfg.dashboard.enabled {
+        extra = extra.merge(mintgate_gateway::dashboard::router(gw.handle()));
+    }
     // Requests the proxy forwards come from its upstream socket, on
     // loopback: the gateway takes them as remote (they carry their HTTP
     // client's origin), registered before the proxy serves anyone.
@@ -291,7 +293,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         &cfg.proxy,
         &crate::proxy::own_endpoints(&plain_addrs(&gw)),
         &cfg.access,
-        dashboard,
+        Some(extra),
         &|a| handle.access().add_proxy_source(a),
     )?;
     if let Some(p) = &proxy {
@@ -376,6 +378,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "mintgate serving CoAP (coap://{}/request answers `hello world`); Ctrl-C to stop",
         gw.local_addrs().first().map(|a| a.to_string()).unwrap_or_default()
     );
+    // every listener is bound: ready for /readyz and the service manager
+    gw.mark_serving();
+    crate::systemd::ready(&format!("serving CoAP on {}", addrs.join(", ")));
+    let watchdog = crate::systemd::Watchdog::start(gw.handle())?;
     // every listener that takes writes: the CoAP ones and the proxy's
     let mut writable = gw.local_addrs();
     if let Some(p) = &proxy {
@@ -404,6 +410,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     });
     tracing::info!(signal = sig, "stopping");
+    crate::systemd::stopping();
+    drop(watchdog);
     let c = gw.counters().clone();
     drop(metrics);
     drop(proxy);

@@ -6,7 +6,7 @@
 //! - `mintgate put` sends a large payload to libcoap's `coap-server-notls`
 //!   (which creates the resource) and `mintgate get` fetches it whole;
 //! - mintgate against itself, with the cache;
-//! - Block1 fairness (issue 29): stalled uploads with a large Size1 from
+//! - Block1 fairness: stalled uploads with a large Size1 from
 //!   five other loopback hosts, many ports each, do not keep libcoap's
 //!   upload from 127.0.0.1 out.
 //!

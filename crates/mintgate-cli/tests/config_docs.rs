@@ -334,3 +334,40 @@ fn a_config_error_says_its_cause_once() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
+
+#[test]
+fn the_packaged_configuration_is_valid_and_keeps_admin_endpoints_on_loopback() {
+    let deb = repo().join("crates/mintgate-cli/debian");
+    let conf = deb.join("mintgate.toml");
+    let v: toml::Value = toml::from_str(&print_config(&["--config", conf.to_str().unwrap()]))
+        .expect("the printed configuration is TOML");
+    // writes from loopback only: no write mode chosen, no remote admin
+    assert!(v["access"].get("write").is_none(), "{v:?}");
+    assert_eq!(v["access"]["admin_remote"].as_bool(), Some(false));
+    assert_eq!(v["dashboard"]["allow_remote"].as_bool(), Some(false));
+    assert_eq!(v["mqtt"]["enabled"].as_bool(), Some(false));
+    for (section, key) in [("metrics", "bind"), ("proxy", "http")] {
+        let a: std::net::SocketAddr = v[section][key].as_str().unwrap().parse().unwrap();
+        assert!(a.ip().is_loopback(), "{section}.{key} = {a}");
+    }
+    // the unit starts the installed binary with that file, as notify
+    let unit = std::fs::read_to_string(deb.join("mintgate.service")).unwrap();
+    for s in [
+        "Type=notify",
+        "WatchdogSec=",
+        "User=mintgate",
+        "StateDirectory=mintgate",
+        "ExecStart=/usr/bin/mintgate serve --config /etc/mintgate/mintgate.toml ",
+        "WantedBy=multi-user.target",
+    ] {
+        assert!(unit.contains(s), "no {s} in the unit");
+    }
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart=/usr/bin/mintgate serve "))
+        .unwrap();
+    let mut argv: Vec<&str> = exec.split_whitespace().collect();
+    assert_eq!(argv[..2], ["--config", "/etc/mintgate/mintgate.toml"]);
+    argv[1] = conf.to_str().unwrap();
+    print_config(&argv);
+}

@@ -1,4 +1,4 @@
-//! Faults (issue 9, item 4):
+//! Faults: a crash under load, and a state folder that cannot be written.
 //! - `kill -9` of `mintgate serve` under load, then a restart: the device
 //!   histories it had stored and the MQTT messages it had queued are all
 //!   there, none lost;

@@ -561,6 +561,7 @@ fn modbus_rtu_crc_errors_garbage_and_a_late_slave_are_counted_and_recovered_from
 /// sane: the points read per second near the rate configured, no error,
 /// every change seen at every end, every latency positive and under a
 /// second.
+#[cfg(feature = "labs")]
 #[test]
 fn lab_fieldbus_runs_briefly_and_writes_sane_figures() {
     let Some(py) = python() else {

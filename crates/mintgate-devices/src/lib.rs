@@ -1,4 +1,5 @@
-//! Device Management and the direct path (SPEC sections 0 and 4).
+//! Device Management and the direct path (the system layer of paper 000's
+//! middleware, and paper 001's direct path).
 //!
 //! - [`driver`]: the [`Driver`] trait every device implements, and the
 //!   [`Running`] guard of a driver that produces events.
@@ -18,7 +19,7 @@
 //! - [`store`]: histories persisted in a directory of append-only record
 //!   files, so that a restart keeps them.
 //! - [`directpath`]: the link table, filters, outputs, lock-free ring and
-//!   high-priority worker of SPEC section 4.
+//!   high-priority worker of paper 001.
 //!
 //! Nothing here knows about CoAP: the gateway turns devices into resources
 //! and plugs its Observe notifier into the hooks this crate offers.

@@ -1,4 +1,4 @@
-//! The MQTT bridges (SPEC section 6; configured in `[mqtt]`,
+//! The MQTT bridges (paper 004's publish queue; configured in `[mqtt]`,
 //! `docs/mqtt.md`):
 //!
 //! - devices -> topics: every new value of a device (a sensor's sample or
@@ -327,6 +327,8 @@ pub struct MqttBridge {
     broker: BrokerUrl,
     /// Where the queue publishes: the broker, or the JetStream output.
     target: String,
+    /// `mqtt` or `nats`: the uplink's name in `/readyz`.
+    uplink_kind: &'static str,
     hub: Arc<Hub>,
     publisher: Option<Arc<Publisher>>,
     listener: Option<ListenerControl>,
@@ -552,9 +554,9 @@ impl MqttBridge {
         pc.state = cfg.persist.then(|| cfg.state.clone());
         pc.status_topic = cfg.status_topic();
         pc.limits = cfg.queue.limits();
-        let target = match &output {
-            Some(o) => o.describe(),
-            None => broker.to_string(),
+        let (target, uplink_kind) = match &output {
+            Some(o) => (o.describe(), "nats"),
+            None => (broker.to_string(), "mqtt"),
         };
         pc.uplink = output;
         let publisher = Arc::new(Publisher::start(pc)?);
@@ -604,6 +606,7 @@ impl MqttBridge {
         let mut bridge = MqttBridge {
             broker: broker.clone(),
             target: target.clone(),
+            uplink_kind,
             hub: hub.clone(),
             publisher: Some(publisher.clone()),
             listener: None,
@@ -754,6 +757,34 @@ impl MqttBridge {
             .map(Arc::downgrade)
             .unwrap_or_default();
         Arc::new(move |out: &mut String| render_metrics(&c, p.upgrade().map(|p| p.status()), out))
+    }
+
+    /// The uplink's readiness check and its name (`mqtt` or `nats`), for
+    /// [`crate::Gateway::add_ready_check`]: ready while the publish queue
+    /// is connected. Like [`MqttBridge::metrics_source`] it holds no strong
+    /// reference.
+    pub fn ready_check(&self) -> (&'static str, crate::health::ReadyCheck) {
+        let p: Weak<Publisher> = self
+            .publisher
+            .as_ref()
+            .map(Arc::downgrade)
+            .unwrap_or_default();
+        let kind = self.uplink_kind;
+        let f = move || match p.upgrade().map(|p| p.status()) {
+            Some(s) if s.connected && !s.stopped => Ok(()),
+            Some(s) if !s.stopped => Err(format!(
+                "the publish queue is not connected to the {} ({} connections so far; \
+                 the log and the dashboard say why)",
+                if kind == "nats" {
+                    "NATS servers"
+                } else {
+                    "MQTT broker"
+                },
+                s.connects
+            )),
+            _ => Err("the publish queue has stopped".to_owned()),
+        };
+        (kind, Arc::new(f))
     }
 
     /// The dashboard's `mqtt` section, for

@@ -604,6 +604,8 @@ impl DeviceHost {
         if let Some(b) = bridge {
             gw.add_metrics_source(b.metrics_source());
             gw.add_state_source("mqtt", b.state_source());
+            let (name, check) = b.ready_check();
+            gw.add_ready_check(name, check);
             host.bridge = Some(b);
         }
         Ok(host)

@@ -14,6 +14,7 @@ pub mod config;
 pub mod dashboard;
 pub mod devices;
 pub mod dtls;
+pub mod health;
 pub mod metrics;
 pub mod observe;
 pub mod observe_client;

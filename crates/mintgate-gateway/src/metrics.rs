@@ -1,6 +1,7 @@
 //! The metrics endpoint (`mintgate serve --metrics ADDR`): Prometheus text
 //! at `/metrics`, the Performance Observer's samples and the VTA controller's
-//! last decision as JSON at `/api/observer`, and the dashboard
+//! last decision as JSON at `/api/observer`, `/healthz` and `/readyz`
+//! ([`crate::health`]), and the dashboard
 //! ([`crate::dashboard`]) at `/` and `/api/state`.
 //!
 //! It runs on its own thread with a single-threaded tokio runtime, so that
@@ -97,7 +98,8 @@ impl MetricsServer {
                     let mut app = Router::new()
                         .route("/metrics", get(metrics))
                         .route("/api/observer", get(observer))
-                        .with_state(gw.clone());
+                        .with_state(gw.clone())
+                        .merge(crate::health::router(gw.clone()));
                     if gw.config().dashboard.enabled {
                         app = app.merge(crate::dashboard::router(gw));
                     }
@@ -206,6 +208,7 @@ pub(crate) fn write_families(out: &mut String, families: &[(&str, &str, u64)]) {
 pub fn render_prometheus(gw: &GatewayHandle) -> String {
     let c = gw.counters();
     let mut out = String::with_capacity(4096);
+    crate::health::render_metrics(gw.readiness().ready, &mut out);
     let mut f = Family { out: &mut out };
     let get = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
     f.one(

@@ -1,5 +1,5 @@
 //! `lab overload`: a `mintgate serve` process at ten times its capacity
-//! (issue 9, item 3). It must stay responsive, keep its memory bounded and
+//! (the product's own target; no paper measures overload). It must stay responsive, keep its memory bounded and
 //! count what it sheds.
 //!
 //! 1. The gateway runs as a child process (the same executable) with a
@@ -39,7 +39,7 @@
 //! own (127.1.0.1, 127.1.0.2, ...: the load generator's shared socket), so
 //! the flood is of distinct message IDs from thousands of sources: every
 //! per-source table (de-duplication, fair queue, validation) sees a new
-//! source per client, and must stay bounded all the same (issue 29).
+//! source per client, and must stay bounded all the same.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

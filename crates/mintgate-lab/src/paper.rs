@@ -122,7 +122,7 @@ pub fn directpath(method: &str) -> Option<&'static DirectPathPoint> {
 /// states only the ratio and the ordering result.
 pub const MQTT_QOS2_OVER_PUBQUEUE: f64 = 2.0;
 /// How far the lab's ratio may be from [`MQTT_QOS2_OVER_PUBQUEUE`]
-/// (SPEC section 7: within 15 %): 1.7-2.3x.
+/// (each lab reproduces its paper's figure within 15 %): 1.7-2.3x.
 pub const MQTT_RATIO_TOLERANCE: f64 = 0.15;
 
 /// What paper 004's text says about Fig. 5.

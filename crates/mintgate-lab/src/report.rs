@@ -289,7 +289,7 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
         let skip = (!exe.is_file()).then(|| format!("{} not found", exe.display()));
         jobs.push(LabJob {
             name: "overload",
-            paper: "issue 9: 10x capacity (no paper figure)",
+            paper: "own target: 10x capacity (no paper figure)",
             skip,
             run: Box::new(move || crate::lab_overload(&o, &exe, None, false)),
         });
@@ -298,7 +298,7 @@ pub fn all_labs(opts: &LabOptions, exe: &Path) -> Vec<LabJob> {
         let o = o.clone();
         jobs.push(LabJob {
             name: "dtls",
-            paper: "issue 9: coaps cost (no paper figure)",
+            paper: "own target: coaps cost (no paper figure)",
             skip: None,
             run: Box::new(move || crate::lab_dtls(&o, &crate::DtlsOptions::default())),
         });

@@ -2,7 +2,7 @@
 //! is needed) and a launcher for a private mosquitto (tests and the lab).
 
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,10 +25,11 @@ pub fn free_port(ip: std::net::IpAddr) -> io::Result<u16> {
     Ok(TcpListener::bind((ip, 0))?.local_addr()?.port())
 }
 
+#[cfg(feature = "broker")]
 fn wait_listening(addr: SocketAddr, limit: Duration) -> bool {
     let end = Instant::now() + limit;
     while Instant::now() < end {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -80,7 +81,7 @@ pub fn child_listens(pid: u32, addr: SocketAddr) -> bool {
 
 #[cfg(not(target_os = "linux"))]
 pub fn child_listens(_pid: u32, addr: SocketAddr) -> bool {
-    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
 }
 
 /// Sets TCP_NODELAY on this process's listening TCP sockets bound to one of
@@ -93,7 +94,7 @@ pub fn child_listens(_pid: u32, addr: SocketAddr) -> bool {
 /// messages. On Linux an accepted socket inherits TCP_NODELAY from its
 /// listener, so setting it on rumqttd's listeners (found among our own
 /// descriptors by local address) covers every connection accepted after.
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", feature = "broker"))]
 fn nodelay_on_listeners(addrs: &[SocketAddr]) -> io::Result<usize> {
     use std::os::fd::BorrowedFd;
     let mut found = 0;
@@ -125,15 +126,34 @@ fn nodelay_on_listeners(addrs: &[SocketAddr]) -> io::Result<usize> {
     Ok(found)
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(all(not(target_os = "linux"), feature = "broker"))]
 fn nodelay_on_listeners(_addrs: &[SocketAddr]) -> io::Result<usize> {
     Ok(0)
 }
 
+/// What a build without the `broker` feature says when asked for the
+/// embedded broker.
+pub const NOT_BUILT: &str = "this mintgate was built without the embedded MQTT broker (cargo \
+     feature `broker`, on by default); give an external broker's URL (`--mqtt URL`, \
+     `[mqtt] broker = \"mqtt://HOST:PORT\"`) or rebuild with `--features broker`";
+
 impl EmbeddedBroker {
     /// Starts rumqttd with MQTT 3.1.1 on `v4` and MQTT 5 on `v5` (port 0: a
-    /// free port) and waits until both accept connections.
+    /// free port) and waits until both accept connections. Without the
+    /// `broker` feature: an [`io::ErrorKind::Unsupported`] error saying
+    /// [`NOT_BUILT`].
     pub fn start(v4: SocketAddr, v5: SocketAddr) -> io::Result<EmbeddedBroker> {
+        #[cfg(feature = "broker")]
+        return Self::start_rumqttd(v4, v5);
+        #[cfg(not(feature = "broker"))]
+        {
+            let _ = (v4, v5);
+            Err(io::Error::new(io::ErrorKind::Unsupported, NOT_BUILT))
+        }
+    }
+
+    #[cfg(feature = "broker")]
+    fn start_rumqttd(v4: SocketAddr, v5: SocketAddr) -> io::Result<EmbeddedBroker> {
         // Free ports are picked while both probes are held, so that the two
         // listeners never get the same one (two picks in a row may: the
         // second server then fails to bind, and MQTT 5 clients reach the

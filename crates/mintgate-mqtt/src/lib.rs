@@ -1,4 +1,6 @@
-//! Ordered MQTT publishing (SPEC section 6, paper 004): a persistent publish
+//! Ordered MQTT publishing (paper 004, "Publish Queue based Message
+//! Transmission Techniques considering Performance Improvement in MQTT
+//! Protocol", Lim, Park and Shon): a persistent publish
 //! queue over rumqttc, and a receiver that de-duplicates and restores order.
 //!
 //! - [`payload`]: the JSON envelope (`pub`, `seq`, `ts`, `msg`) and its pure,

@@ -1,4 +1,4 @@
-//! The publish queue as a sans-IO state machine (SPEC section 6, paper 004
+//! The publish queue as a sans-IO state machine (paper 004
 //! sec. 3.2): it decides which message leaves next; the caller moves bytes
 //! and reports acknowledgements and connection losses.
 //!

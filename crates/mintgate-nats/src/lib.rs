@@ -1,5 +1,5 @@
 //! A NATS JetStream output for the persistent publish queue, and the
-//! receiving side over a durable pull consumer (issue 24).
+//! receiving side over a durable pull consumer.
 //!
 //! - [`config`]: the `[nats]` config section and what it resolves to (a
 //!   [`Target`]: servers, credentials, TLS, stream, subject template).

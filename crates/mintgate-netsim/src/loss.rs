@@ -1,6 +1,6 @@
 //! Loss models.
 
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::{Rng, SeedableRng};
 
 /// Decides, datagram by datagram, which are lost.
@@ -18,7 +18,7 @@ pub struct LossModel {
     p_leave_bad: f64,
     bursty: bool,
     bad: bool,
-    rng: StdRng,
+    rng: ChaCha12Rng,
 }
 
 impl LossModel {
@@ -40,7 +40,7 @@ impl LossModel {
             p_leave_bad,
             bursty,
             bad: false,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
         }
     }
 

@@ -406,6 +406,12 @@ impl ReverseMapping {
                 "reverse prefix `{prefix}` collides with the default /hc/ form"
             ));
         }
+        // `mintgate serve` answers these beside the proxy's routes
+        if p == "/healthz" || p == "/readyz" {
+            return Err(format!(
+                "reverse prefix `{prefix}` collides with the health endpoints (/healthz, /readyz)"
+            ));
+        }
         if !p
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || b"-._~/".contains(&c))

@@ -1,4 +1,5 @@
-//! The System Scheduler (SPEC sections 0 and 1).
+//! The System Scheduler of paper 000's middleware: thread pools, the
+//! Performance Observer and the VTA controller.
 //!
 //! - [`ThreadPool`]: a named pool whose size can be changed at run time, so
 //!   that a controller (VTA) can drive the Handler Thread Pool.

@@ -1,4 +1,6 @@
-//! The Thread Pool Manager: the four thread groups of SPEC section 1.
+//! The Thread Pool Manager: the four thread groups of paper 000's
+//! middleware (Application Service, Resource Management, Interaction,
+//! Performance Profile).
 //!
 //! | group | policy |
 //! |---|---|

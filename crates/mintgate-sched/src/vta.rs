@@ -1,5 +1,7 @@
 //! Variable Thread Adjustment (VTA): the size of the Handler Thread Pool,
-//! decided once per Performance Observer sample (paper 000, SPEC section 1).
+//! decided once per Performance Observer sample (paper 000, "Experimental
+//! Evaluation and Flexible Performance Improvement of IoT Middleware for
+//! Efficient Connectivity", KIPS 2017).
 //!
 //! The controller is a deterministic state machine fed only [`Sample`]s: no
 //! clock, no threads, so every rule is tested on synthetic sequences.
@@ -15,7 +17,7 @@
 //!   (5) `NT_max` grows while a thread more still raises throughput;
 //!   (6) `N_{t+1} = 1 if P < 1, NT_max if P > NT_max, else P`.
 //!
-//! # How the literal form is corrected (SPEC section 1)
+//! # How the literal form is corrected
 //! 1. **HT over busy time.** Averaged over wall time, `HT` falls whenever
 //!    threads idle, so `R_t - H_t` is ~0 in steady state and eq. 4 (a
 //!    `max(...) >= 0` plus `C_t`) can never shrink the pool. Here
@@ -27,7 +29,7 @@
 //!    eq. 4 is `P_{t+1} = max(R_t / HT_t, Q_t)`: enough threads to match the
 //!    arrivals, and to clear the backlog plus the next second's arrivals
 //!    within `W`. No `+ C_t`, so the pool can shrink. One step further than
-//!    SPEC: with exactly `R_t / HT_t` threads a backlog smaller than about
+//!    that reading: with exactly `R_t / HT_t` threads a backlog smaller than about
 //!    one second of arrivals is never drained (`Q_t` is then the smaller
 //!    term), so the arrivals term also drains the backlog within `W`:
 //!    `P_{t+1} = max(R_t / HT_t + QS_t / (HT_t * W), Q_t)`. Without a

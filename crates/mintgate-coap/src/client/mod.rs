@@ -48,7 +48,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::{Rng, SeedableRng};
 
 use crate::rto::{RtoController, TransmissionParams};
@@ -275,7 +275,7 @@ struct Dest {
 pub struct Client {
     config: ClientConfig,
     rto: Box<dyn RtoController>,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     next_id: u64,
     next_mid: u16,
     exchanges: HashMap<ExchangeId, Exchange>,
@@ -297,7 +297,7 @@ impl Client {
     /// A client with `config`, retransmitting as `rto` decides, drawing
     /// tokens and the first message ID from an RNG seeded with `seed`.
     pub fn new(config: ClientConfig, rto: Box<dyn RtoController>, seed: u64) -> Client {
-        let mut rng = StdRng::seed_from_u64(seed);
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
         let next_mid = rng.gen();
         Client {
             config,

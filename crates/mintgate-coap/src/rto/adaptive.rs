@@ -1,4 +1,6 @@
-//! Adaptive RTO (Choi & Choo 2023, as paper 002 uses it; SPEC section 2).
+//! Adaptive RTO (Choi & Choo, "Design of adaptive RTO algorithm for
+//! efficient congestion control in CoAP-based wireless lossy environment",
+//! J. Inst. Control, Robotics and Systems, 2023), as paper 002 uses it.
 //!
 //! Per destination, exchanges are collected over a *window*. When it closes,
 //! the window's loss rate `p = retransmissions / transmissions` becomes the
@@ -45,7 +47,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::SeedableRng;
 
 use super::table::DestTable;
@@ -176,7 +178,7 @@ impl AdaptiveState {
 #[derive(Debug)]
 pub struct Adaptive {
     params: TransmissionParams,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     dests: DestTable<AdaptiveState>,
     window: u32,
     max_period: Duration,
@@ -198,7 +200,7 @@ impl Adaptive {
     ) -> Adaptive {
         Adaptive {
             params,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
             dests: DestTable::new(1024, Duration::from_secs(600)),
             window: window.clamp(1, 32),
             max_period,

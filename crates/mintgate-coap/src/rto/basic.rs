@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::SeedableRng;
 
 use super::{RtoController, TransmissionParams};
@@ -18,7 +18,7 @@ use super::{RtoController, TransmissionParams};
 #[derive(Debug)]
 pub struct Basic {
     params: TransmissionParams,
-    rng: StdRng,
+    rng: ChaCha12Rng,
 }
 
 impl Basic {
@@ -27,7 +27,7 @@ impl Basic {
     pub fn new(params: TransmissionParams, seed: u64) -> Basic {
         Basic {
             params,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
         }
     }
 }

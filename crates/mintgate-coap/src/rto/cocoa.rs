@@ -1,4 +1,5 @@
-//! CoCoA (draft-ietf-core-cocoa-03), as SPEC section 2 states it.
+//! CoCoA ("CoAP Simple Congestion Control/Advanced",
+//! draft-ietf-core-cocoa-03, the last version of the draft).
 //!
 //! Per destination, two RFC 6298 estimators (alpha 1/8, beta 1/4; on the
 //! first sample SRTT = R and RTTVAR = R/2), each giving
@@ -30,7 +31,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::{Rng, SeedableRng};
 
 use super::table::DestTable;
@@ -132,7 +133,7 @@ pub fn backoff_factor(rto: Duration) -> f64 {
 #[derive(Debug)]
 pub struct Cocoa {
     params: TransmissionParams,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     dests: DestTable<DestState>,
 }
 
@@ -152,7 +153,7 @@ impl Cocoa {
     ) -> Cocoa {
         Cocoa {
             params,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
             dests: DestTable::new(capacity, forget_after),
         }
     }

@@ -1,4 +1,5 @@
-//! The direct path from sensor to output (SPEC section 4, paper 001).
+//! The direct path from sensor to output (paper 001, "Kernel-level Direct
+//! Path for Fast Processing of Sensing Data in IoT", Park, Choi and Jeon).
 //!
 //! ```text
 //! driver event ──push──> lock-free ring ──pop──> worker (high priority)

@@ -72,6 +72,10 @@ impl Gateway {
                     .map_err(|source| StartError::Bind { addr: *a, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let thread_names: Vec<String> = (0..listeners.len())
+            .map(|i| format!("nr-{i}"))
+            .chain(["coap-notify".into(), "coap-timer".into()])
+            .collect();
         let counters = Arc::new(PipelineCounters::default());
         let pool = Pool::new(&cfg.partitions());
         let endpoint = Arc::new(Endpoint::new(
@@ -100,6 +104,7 @@ impl Gateway {
             tcp_stats: (!cfg.coap.tcp_bind.is_empty() || !cfg.coaps.tcp_bind.is_empty())
                 .then(Arc::default),
             oscore,
+            health: crate::health::Health::new(thread_names),
             cfg,
         });
         {
@@ -389,6 +394,19 @@ impl Gateway {
         }
     }
 
+    /// Adds (or replaces) the readiness check `name` (`/readyz`,
+    /// `mintgate_ready`): the MQTT or NATS uplink, for one.
+    pub fn add_ready_check(&self, name: &str, f: crate::health::ReadyCheck) {
+        self.shared.health.add_check(name, f);
+    }
+
+    /// Says that the process has bound every listener it was asked for
+    /// (the proxy's and the metrics endpoint's too): until then `/readyz`
+    /// answers 503 `startup`.
+    pub fn mark_serving(&self) {
+        self.shared.health.mark_serving();
+    }
+
     /// Stops every thread and waits for them.
     pub fn shutdown(mut self) {
         self.stop();
@@ -526,6 +544,18 @@ impl GatewayHandle {
     /// Time since the gateway started.
     pub fn uptime(&self) -> Duration {
         self.shared.started.elapsed()
+    }
+
+    /// Every readiness check now (`/readyz`).
+    pub fn readiness(&self) -> crate::health::Readiness {
+        self.shared.health.readiness(self.shared.stop.load(Relaxed))
+    }
+
+    /// `Ok` while every pipeline thread loops and the gateway is not
+    /// stopping, else why not: what a service manager's watchdog should
+    /// be told.
+    pub fn pipeline_alive(&self) -> Result<(), String> {
+        self.shared.health.pipeline(self.shared.stop.load(Relaxed))
     }
 }
 

@@ -1,4 +1,4 @@
-//! The Interaction pipeline (SPEC section 1) over UDP:
+//! The Interaction pipeline (paper 000) over UDP:
 //!
 //! ```text
 //! socket --recvmmsg--> Network Receiver --batch--> HTP queue --batch--> handler pool --sendmmsg--> socket
@@ -125,6 +125,10 @@ struct Shared {
     tcp_stats: Option<Arc<crate::coap_tcp::TcpStats>>,
     /// OSCORE contexts (`[oscore]`), when any.
     oscore: Option<crate::oscore::OscoreServer>,
+    /// The pipeline threads' last loops and the readiness checks
+    /// (`/readyz`): receivers `0..listeners`, then the notifier, then the
+    /// timer.
+    health: crate::health::Health,
 }
 
 /// Writes metric families in the Prometheus text format.

@@ -271,6 +271,7 @@ pub(super) fn receive_loop(sh: &Shared, li: usize) {
     while !sh.stop.load(Relaxed) {
         r.receive_once(sh, true);
         policy.update();
+        sh.health.beat(li);
     }
 }
 

@@ -14,6 +14,7 @@ pub(super) fn timer_loop(sh: &Shared) {
         .clamp(Duration::from_millis(5), Duration::from_millis(250));
     let mut sbs = send_batches(sh);
     while !sh.stop.load(Relaxed) {
+        sh.health.beat(sh.listeners.len() + 1);
         std::thread::sleep(tick);
         let now = Instant::now();
         sh.endpoint.handle_timeout(now);
@@ -40,6 +41,7 @@ pub(super) fn notify_loop(sh: &Shared) {
     let mut sbs = send_batches(sh);
     let mut out = Vec::new();
     while !sh.stop.load(Relaxed) {
+        sh.health.beat(sh.listeners.len());
         let paths = sh.observe.take_dirty(Duration::from_millis(100));
         if paths.is_empty() {
             continue;

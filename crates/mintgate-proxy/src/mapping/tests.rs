@@ -87,6 +87,8 @@ fn reverse_mappings_longest_prefix_on_segment_boundaries() {
     assert_eq!(resolve_target("/sensorsx/a", &maps).unwrap(), None);
     assert!(ReverseMapping::new("/", "coap://h/").is_err());
     assert!(ReverseMapping::new("/hc", "coap://h/").is_err());
+    assert!(ReverseMapping::new("/healthz", "coap://h/").is_err());
+    assert!(ReverseMapping::new("/readyz/", "coap://h/").is_err());
     assert!(ReverseMapping::new("x", "coap://h/").is_err());
     assert!(ReverseMapping::new("/a", "http://h/").is_err());
 }

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
+use rand_chacha::ChaCha12Rng;
 use rand::SeedableRng;
 
 use crate::rto::TransmissionParams;
@@ -52,7 +52,7 @@ pub(crate) enum Fired {
 /// The table, keyed by (peer, message ID).
 pub(crate) struct Retransmissions {
     params: TransmissionParams,
-    rng: StdRng,
+    rng: ChaCha12Rng,
     by_key: HashMap<(SocketAddr, u16), Pending>,
     capacity: usize,
 }
@@ -61,7 +61,7 @@ impl Retransmissions {
     pub fn new(params: TransmissionParams, capacity: usize, seed: u64) -> Retransmissions {
         Retransmissions {
             params,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha12Rng::seed_from_u64(seed),
             by_key: HashMap::new(),
             capacity: capacity.max(1),
         }
