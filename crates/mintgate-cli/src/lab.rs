@@ -37,6 +37,16 @@ enum Lab {
     /// in-process gateway; prints the coaps/coap ratio (target >= 50 %).
     /// Writes `dtls.csv`.
     Dtls(DtlsLabArgs),
+    /// Issue 26: Modbus polling against pymodbus servers it starts (DEVICES
+    /// x POINTS holding registers at HZ, 10,000 points/s by default) by a
+    /// `mintgate serve` it starts; in one run, the gateway's CPU beside the
+    /// simulators', the points read per second, poll lateness, and the
+    /// latency from a register change in a simulator to an Observe client,
+    /// an MQTT subscriber (through the bridge and a private mosquitto or
+    /// the embedded broker) and, through a direct-path link, a coil of
+    /// another simulated device (p50, p99, most; also from the poll read).
+    /// Writes `fieldbus.csv` and `fieldbus.svg`.
+    Fieldbus(FieldbusLabArgs),
     /// Every lab in turn (threads, vta, clients, blocksize, congestion,
     /// mqtt, proxy, buffers, directpath, footprint, overload, dtls), then one
     /// self-contained report.html: each lab's figures beside its table of
@@ -378,6 +388,48 @@ struct DtlsLabArgs {
     flood_requests: u32,
 }
 
+/// Options of `lab fieldbus`.
+#[derive(clap::Args)]
+struct FieldbusLabArgs {
+    /// Output folder for fieldbus.csv, fieldbus.svg and the run's logs
+    /// (fieldbus-work/).
+    #[arg(long, default_value = "lab-out/")]
+    out: PathBuf,
+    /// Simulated Modbus TCP devices (pymodbus servers in one process).
+    #[arg(long, default_value_t = 20, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=200))]
+    devices: u32,
+    /// Holding registers polled per device (contiguous: one request per
+    /// 125).
+    #[arg(long, default_value_t = 50, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    points: u32,
+    /// Polls per second of every device.
+    #[arg(long, default_value_t = 10.0, value_name = "HZ", value_parser = poll_rate)]
+    hz: f64,
+    /// The measured window (after a 2 s warm-up), 1s..=1h.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Seed of the instants at which the probe register changes.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// A Python with pymodbus [default: target/py-venv/bin/python, as
+    /// scripts/test.sh installs it].
+    #[arg(long, default_value = "target/py-venv/bin/python")]
+    python: PathBuf,
+    /// The MQTT broker: auto (a private mosquitto when installed, else the
+    /// embedded one), mosquitto, or embedded (its CPU then counts in the
+    /// gateway's).
+    #[arg(long, default_value = "auto")]
+    broker: mintgate_lab::FieldbusBroker,
+}
+
+/// A poll rate of 0.1..=1000 per second.
+fn poll_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.1..=1000.0).contains(&v) => Ok(v),
+        _ => Err(format!("'{s}' is not a poll rate of 0.1..=1000 per second")),
+    }
+}
+
 impl OutArgs {
     fn options(&self) -> LabOptions {
         LabOptions {
@@ -654,6 +706,26 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 ),
             },
         )?,
+        Lab::Fieldbus(a) => {
+            let exe = std::env::current_exe()
+                .map_err(|e| anyhow::anyhow!("cannot find the mintgate executable: {e}"))?;
+            mintgate_lab::lab_fieldbus(&mintgate_lab::FieldbusOptions {
+                python: a.python,
+                devices: a.devices as usize,
+                points: a.points as usize,
+                hz: a.hz,
+                duration: a.duration,
+                seed: a.seed,
+                broker: a.broker,
+                ..mintgate_lab::FieldbusOptions::new(
+                    LabOptions {
+                        out: a.out,
+                        ..LabOptions::default()
+                    },
+                    exe,
+                )
+            })?
+        }
         Lab::Footprint { out } => {
             let exe = std::env::current_exe()
                 .map_err(|e| anyhow::anyhow!("cannot find the mintgate executable: {e}"))?;

@@ -9,6 +9,9 @@ known values, driven through stdin by the test.
                                       one process, each with REGS holding
                                       registers counting up; no commands:
                                       scripts/bench-modbus.sh)
+    python modbus_peer.py relay TTY_MASTER TTY_SLAVE   (relays an RTU
+                                      line between two serial ports, and
+                                      spoils the slave's answers on command)
 
 Prints "ready" once it serves. Then one command a line, each answered with
 one line ("ok", or the values asked for), all carried out by pymodbus's own
@@ -80,6 +83,53 @@ async def rtu(tty):
     serving.cancel()
 
 
+def relay(master_tty, slave_tty):
+    # A faulty line between the gateway (master) and the slave. Commands,
+    # each answered "ok": "pass" relays as is; "crc" flips bits of the last
+    # byte of each chunk the slave sends (a CRC error); "garbage" sends
+    # random bytes in place of the slave's answer (line noise); "late MS"
+    # holds each answer for MS milliseconds before relaying it.
+    import os
+    import random
+    import select
+    import threading
+    import time
+    import tty
+
+    fds = []
+    for path in (master_tty, slave_tty):
+        fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+        tty.setraw(fd)
+        fds.append(fd)
+    master, slave = fds
+    mode = ["pass", 0.0]
+
+    def commands():
+        for line in sys.stdin:
+            words = line.split()
+            mode[1] = int(words[1]) / 1000 if words[0] == "late" else 0.0
+            mode[0] = words[0]
+            print("ok", flush=True)
+        os._exit(0)
+
+    threading.Thread(target=commands, daemon=True).start()
+    print("ready", flush=True)
+    rng = random.Random(26)
+    while True:
+        ready, _, _ = select.select([master, slave], [], [])
+        if master in ready:
+            os.write(slave, os.read(master, 4096))
+        if slave in ready:
+            data = os.read(slave, 4096)
+            if mode[0] == "crc":
+                data = data[:-1] + bytes([data[-1] ^ 0x55])
+            elif mode[0] == "garbage":
+                data = bytes(rng.randrange(256) for _ in range(len(data)))
+            elif mode[0] == "late":
+                time.sleep(mode[1])
+            os.write(master, data)
+
+
 async def main(port):
     server = ModbusTcpServer(context(), address=("127.0.0.1", port))
     serving = asyncio.create_task(server.serve_forever())
@@ -135,6 +185,8 @@ async def many(ports, regs):
 if __name__ == "__main__":
     if sys.argv[1] == "many":
         asyncio.run(many([int(p) for p in sys.argv[2].split(",")], int(sys.argv[3])))
+    elif sys.argv[1] == "relay":
+        relay(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "rtu":
         asyncio.run(rtu(sys.argv[2]))
     else:

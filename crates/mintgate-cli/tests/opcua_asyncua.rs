@@ -381,3 +381,76 @@ fn opcua_security_and_users_against_asyncua() {
     let log = s.log_text();
     assert!(!log.contains("s3cret") && !log.contains("wr0ng"), "{log}");
 }
+
+/// An OPC UA server that accepts TCP connections and never answers: every
+/// attempt ends at the device's `timeout`, reported (`last_error`, GET
+/// 5.03) and counted (`errors`); then a real server takes the port and the
+/// gateway reads it without a restart.
+#[test]
+fn opcua_server_that_never_answers_is_bounded_by_the_timeout_and_recovered_from() {
+    let Some(py) = python() else {
+        return;
+    };
+    // accepts (the kernel completes the handshake) and never reads
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = mute.local_addr().unwrap().port();
+    let dir = tmp_dir("opcua-mute");
+    let (coap, metrics) = (free_udp(), free_tcp());
+    let cfg = format!(
+        "[metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
+         [[devices.list]]\nname = \"ua\"\nkind = \"opcua\"\n\
+         endpoint = \"opc.tcp://127.0.0.1:{port}/mintgate/\"\n\
+         timeout = \"500ms\"\nperiod = \"50ms\"\npublishing_interval = \"50ms\"\n{}",
+        node("count", "node = \"ns=2;s=Count\"")
+    );
+    let cfg = write_config(&dir, coap, &cfg);
+    let started = Instant::now();
+    let mut s = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    let gw: SocketAddr = format!("127.0.0.1:{coap}").parse().unwrap();
+    s.wait_coap(gw, Duration::from_secs(15));
+    let val = |name: &str| {
+        let t = http(metrics, "GET", "/metrics", &[], b"").2;
+        metric(&t, &format!("{name}{{connection=\"ua\"}}")).unwrap_or(-1.0)
+    };
+    let first = wait_until(Duration::from_secs(10), || {
+        (val("mintgate_field_errors_total") >= 1.0).then(|| started.elapsed())
+    });
+    let first = first.unwrap_or_else(|| panic!("no error counted: {}", s.log_text()));
+    // the gateway's start plus one bounded attempt
+    assert!(
+        first < Duration::from_secs(5),
+        "first error after {first:?}"
+    );
+    let err = field_link(metrics, "ua.count")["last_error"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(!err.is_empty(), "no last_error");
+    assert_eq!(val("mintgate_field_connected"), 0.0);
+    assert_eq!(text(coap_get(gw, "sensors/ua.count")), None);
+    // more attempts, each ended by the timeout (not one hung for good)
+    let more = wait_until(Duration::from_secs(5), || {
+        (val("mintgate_field_errors_total") >= 2.0).then_some(())
+    });
+    assert!(
+        more.is_some(),
+        "a second attempt: {}",
+        val("mintgate_field_errors_total")
+    );
+    eprintln!(
+        "mute server: first error {first:?} after the start, last_error {err:?}, {} errors",
+        val("mintgate_field_errors_total")
+    );
+    drop(mute);
+    let back = Instant::now();
+    let _peer = start_peer(&py, Some(port), &[]);
+    let got = wait_until(Duration::from_secs(15), || {
+        text(coap_get(gw, "sensors/ua.count"))
+    });
+    assert_eq!(got.as_deref(), Some("1234"), "{}", s.log_text());
+    eprintln!(
+        "a real server on the port: value after {:?}",
+        back.elapsed()
+    );
+    assert_eq!(val("mintgate_field_connected"), 1.0);
+}

@@ -31,6 +31,10 @@
 //! - [`lab_overload`]: a `mintgate serve` process at ten times its
 //!   capacity: a probe from another source still answered, memory bounded,
 //!   sheds counted.
+//! - [`lab_fieldbus`]: issue 26, Modbus polling of 20 pymodbus devices
+//!   (10,000 points/s): the gateway's CPU beside the simulators', poll
+//!   lateness, and a register change's latency to an Observe client, an
+//!   MQTT subscriber and, through the direct path, a Modbus coil.
 //! - [`report`]: `lab all`, every lab in turn and one self-contained
 //!   `report.html` with a summary of the targets met or missed.
 
@@ -49,6 +53,7 @@ mod clients;
 pub mod congestion;
 pub mod directpath;
 pub mod dtls;
+pub mod fieldbus;
 pub mod footprint;
 pub mod mqtt;
 pub mod mqtt_outage;
@@ -67,6 +72,7 @@ pub use clients::{lab_blocksize, lab_clients, CompareOptions};
 pub use congestion::{lab_congestion, CongestionOptions};
 pub use directpath::lab_directpath;
 pub use dtls::{lab_dtls, DtlsOptions};
+pub use fieldbus::{lab_fieldbus, FieldbusBroker, FieldbusOptions};
 pub use footprint::lab_footprint;
 pub use mqtt::{lab_mqtt, MqttLabOptions, PahoMode};
 pub use mqtt_outage::{lab_mqtt_outage, OutageOptions};

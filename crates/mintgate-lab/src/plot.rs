@@ -322,3 +322,71 @@ pub fn fleet_svg(
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// `fieldbus.svg`: for each end (the poll read, Observe, MQTT, the coil),
+/// the share of register changes it saw within x ms of the change (an
+/// empirical distribution), with the targets as vertical lines.
+pub fn fieldbus_svg(
+    path: &Path,
+    title: &str,
+    ends: &[(String, Vec<f64>)],
+    targets: &[(String, f64)],
+) -> anyhow::Result<()> {
+    const COLORS: [RGBColor; 4] = [ARRIVED, NR, THREADS, HTP];
+    let root = SVGBackend::new(path, (1000, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let xmax = nice_max(
+        ends.iter()
+            .flat_map(|(_, v)| v.iter().copied())
+            .chain(targets.iter().map(|t| t.1))
+            .fold(1.0, f64::max),
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..xmax, 0f64..1.02f64)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("ms from the register change in the simulator")
+        .y_desc("share of changes seen")
+        .y_label_formatter(&|y| format!("{:.0} %", y * 100.0))
+        .draw()
+        .map_err(err)?;
+    for ((name, v), color) in ends.iter().zip(COLORS) {
+        let mut s = v.clone();
+        s.sort_by(f64::total_cmp);
+        let n = s.len().max(1) as f64;
+        let pts: Vec<(f64, f64)> = s
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (x, (i + 1) as f64 / n))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(err)?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    for ((label, x), color) in targets.iter().zip([OFFERED, BLACK]) {
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(*x, 0.0), (*x, 1.02)],
+                color.stroke_width(1),
+            )))
+            .map_err(err)?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
