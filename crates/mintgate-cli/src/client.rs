@@ -1073,25 +1073,10 @@ fn json_response<V: AsRef<[u8]>>(
     j
 }
 
-/// `s` as a JSON string literal.
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// `s` as a JSON string literal (serde_json's escaping, the one the
+/// program uses everywhere).
+pub(crate) fn json_string(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
 }
 
 /// `1.234 ms`, `2.5 s`.

@@ -18,7 +18,7 @@ use anyhow::Context;
 use mintgate_coap::wire::ContentFormat;
 use mintgate_gateway::observe_client::{Observation, ObserveEvent};
 
-use crate::client::{parse_uri, resolve};
+use crate::client::{json_string, parse_uri, resolve};
 
 /// Arguments of `mintgate observe`.
 #[derive(clap::Args)]
@@ -195,19 +195,4 @@ pub fn run(a: ObserveArgs) -> anyhow::Result<ExitCode> {
         obs.deregister(Duration::from_secs(1));
     }
     Ok(ExitCode::from(status))
-}
-
-fn json_string(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
 }

@@ -111,8 +111,9 @@ pub fn expand(template: &str, vars: TemplateVars<'_>) -> Result<String, String> 
     Ok(out)
 }
 
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+/// `s` as a JSON string literal (serde_json's escaping; one for the crate).
+pub(crate) fn json_str(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
 }
 
 fn json_num(v: f64) -> String {

@@ -28,6 +28,7 @@ use mintgate_coap::wire::{Code, ContentFormat, OptionNumber};
 use mintgate_devices::{Device, DeviceError, DeviceManager, DeviceSpec, Direction};
 
 use crate::bridge::MqttBridge;
+use crate::bridge_format::json_str;
 use crate::observe::Notifier;
 use crate::pipeline::Gateway;
 
@@ -115,17 +116,6 @@ pub(crate) fn json_value(obj: &serde_json::Value, keys: &[&str]) -> Result<f64, 
     }
 }
 
-fn json_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| match c {
-            '"' => vec!['\\', '"'],
-            '\\' => vec!['\\', '\\'],
-            c if (c as u32) < 0x20 => vec![' '],
-            c => vec![c],
-        })
-        .collect()
-}
-
 fn write_value(dev: &Device, req: &Request<'_>, rb: &mut ResponseBuilder, v: f64) {
     let accept = req
         .option(OptionNumber::ACCEPT)
@@ -142,11 +132,11 @@ fn write_value(dev: &Device, req: &Request<'_>, rb: &mut ResponseBuilder, v: f64
                 .spec()
                 .unit
                 .as_deref()
-                .map(|u| format!(",\"u\":\"{}\"", json_escape(u)))
+                .map(|u| format!(",\"u\":{}", json_str(u)))
                 .unwrap_or_default();
             let body = format!(
-                "{{\"n\":\"{}\",\"v\":{}{unit},\"t\":{}}}",
-                json_escape(dev.name()),
+                "{{\"n\":{},\"v\":{}{unit},\"t\":{}}}",
+                json_str(dev.name()),
                 fmt_value(v),
                 dev.history().records(1).first().map_or(0, |r| r.unix_ms)
             );
