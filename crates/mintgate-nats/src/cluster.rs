@@ -455,21 +455,26 @@ pub fn read_all(t: &Target) -> io::Result<Vec<Stored>> {
         let js = t.context(client, Duration::from_secs(2));
         let mut stream = js.get_stream(&t.stream).await.map_err(io::Error::other)?;
         // A replica that is still catching up (a node just restarted) may
-        // answer a get with "no message": read again, for at most 30 s,
-        // until as many messages came back as the stream holds.
-        let end = std::time::Instant::now() + Duration::from_secs(30);
+        // answer a get with "no message": what came back is kept, and the
+        // missing ones asked again, for at most 120 s, until every message
+        // the stream holds came back (CI once got 490 of 1,500 in 30 s after
+        // a leader kill, each pass starting from scratch).
+        let end = std::time::Instant::now() + Duration::from_secs(120);
+        let mut got: std::collections::BTreeMap<u64, Stored> = std::collections::BTreeMap::new();
         loop {
             let state = stream.info().await.map_err(io::Error::other)?.state.clone();
             let (first, last) = (state.first_sequence, state.last_sequence);
-            let mut out = Vec::new();
             if state.messages == 0 {
-                return Ok(out);
+                return Ok(Vec::new());
             }
             for seq in first..=last {
+                if got.contains_key(&seq) {
+                    continue;
+                }
                 match stream.get_raw_message(seq).await {
                     Ok(m) => {
                         let id = m.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
-                        out.push((m.subject.to_string(), m.payload.to_vec(), id));
+                        got.insert(seq, (m.subject.to_string(), m.payload.to_vec(), id));
                     }
                     Err(e) => {
                         if e.kind() != jetstream::stream::RawMessageErrorKind::NoMessageFound {
@@ -478,8 +483,9 @@ pub fn read_all(t: &Target) -> io::Result<Vec<Stored>> {
                     }
                 }
             }
-            if out.len() as u64 >= state.messages || std::time::Instant::now() >= end {
-                return Ok(out);
+            got.retain(|seq, _| (first..=last).contains(seq));
+            if got.len() as u64 >= state.messages || std::time::Instant::now() >= end {
+                return Ok(got.into_values().collect());
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
