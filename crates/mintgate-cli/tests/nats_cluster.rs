@@ -88,7 +88,7 @@ fn publisher_killed_and_restarted_completes_once_and_a_durable_reader_resumes() 
     assert!(text.contains("publish complete"), "{text}");
     // stored once
     assert_eq!(stream_now(&t).unwrap().messages, n);
-    let all = read_all(&t).unwrap();
+    let all = read_all(&t, n).unwrap();
     let seqs: HashSet<u64> = all
         .iter()
         .map(|(_, p, _)| mintgate_mqtt::decode(p).unwrap().seq)
@@ -211,7 +211,7 @@ replicas = 3
             .collect::<Vec<_>>()
     };
     let all = loop {
-        let all = read_all(&t).unwrap_or_default();
+        let all = read_all(&t, 0).unwrap_or_default();
         if sensor(&all).len() >= 20 && all.iter().any(|(s, _, _)| s == "mintgate.alerts.count") {
             break all;
         }

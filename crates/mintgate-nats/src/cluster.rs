@@ -444,8 +444,18 @@ async fn stream_state(t: &Target, create: bool) -> Result<StreamState, String> {
 pub type Stored = (String, Vec<u8>, Option<String>);
 
 /// Every message of the stream of `t`, in stream order, read directly
-/// (by sequence, no consumer).
-pub fn read_all(t: &Target) -> io::Result<Vec<Stored>> {
+/// (by sequence, no consumer), once at least `at_least` came back (0: as
+/// many as the stream says it holds).
+///
+/// Around a leader change the stream may answer from a replica that is
+/// still catching up: a get says "no message", and the stream's info can
+/// count fewer messages than it had (CI once read 440 of 1,500 and stopped,
+/// the info it asked having counted 440). So what came back is kept, the
+/// missing sequences asked again, and the target is the largest of
+/// `at_least` and every count the stream gave; for at most 120 s, after
+/// which what came back is returned (and each pass that fell short was
+/// printed).
+pub fn read_all(t: &Target, at_least: u64) -> io::Result<Vec<Stored>> {
     block_on(async {
         let client = t
             .connect_options("mintgate-check")
@@ -454,20 +464,20 @@ pub fn read_all(t: &Target) -> io::Result<Vec<Stored>> {
             .map_err(io::Error::other)?;
         let js = t.context(client, Duration::from_secs(2));
         let mut stream = js.get_stream(&t.stream).await.map_err(io::Error::other)?;
-        // A replica that is still catching up (a node just restarted) may
-        // answer a get with "no message": what came back is kept, and the
-        // missing ones asked again, for at most 120 s, until every message
-        // the stream holds came back (CI once got 490 of 1,500 in 30 s after
-        // a leader kill, each pass starting from scratch).
         let end = std::time::Instant::now() + Duration::from_secs(120);
         let mut got: std::collections::BTreeMap<u64, Stored> = std::collections::BTreeMap::new();
+        let mut want = at_least;
+        let mut last_seq = 0;
         loop {
-            let state = stream.info().await.map_err(io::Error::other)?.state.clone();
-            let (first, last) = (state.first_sequence, state.last_sequence);
-            if state.messages == 0 {
+            let info = stream.info().await.map_err(io::Error::other)?;
+            let state = info.state.clone();
+            let leader = info.cluster.as_ref().and_then(|c| c.leader.clone());
+            want = want.max(state.messages);
+            last_seq = last_seq.max(state.last_sequence);
+            if want == 0 {
                 return Ok(Vec::new());
             }
-            for seq in first..=last {
+            for seq in state.first_sequence.max(1)..=last_seq {
                 if got.contains_key(&seq) {
                     continue;
                 }
@@ -483,10 +493,17 @@ pub fn read_all(t: &Target) -> io::Result<Vec<Stored>> {
                     }
                 }
             }
-            got.retain(|seq, _| (first..=last).contains(seq));
-            if got.len() as u64 >= state.messages || std::time::Instant::now() >= end {
+            got.retain(|seq, _| *seq >= state.first_sequence);
+            if got.len() as u64 >= want || std::time::Instant::now() >= end {
                 return Ok(got.into_values().collect());
             }
+            eprintln!(
+                "read {} of {want} (stream says {} messages, {}..={}, leader {leader:?}); asking again",
+                got.len(),
+                state.messages,
+                state.first_sequence,
+                state.last_sequence
+            );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     })?

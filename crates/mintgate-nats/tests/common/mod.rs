@@ -169,7 +169,7 @@ pub fn expect_stored_once(t: &Target, n: u64) -> usize {
         seen = now.map(|s| s.messages);
     }
     assert_eq!(seen.unwrap(), n, "messages in the stream");
-    let all = read_all(t).unwrap();
+    let all = read_all(t, n).unwrap();
     assert_eq!(all.len() as u64, n);
     let ids: HashSet<_> = all.iter().map(|(_, _, id)| id.clone().unwrap()).collect();
     assert_eq!(ids.len() as u64, n, "distinct Nats-Msg-Id");
