@@ -237,8 +237,11 @@ enum Lab {
         #[arg(long, value_parser = at_least::<10>)]
         requests: Option<usize>,
         /// End to end over loopback UDP: an in-process gateway behind the
-        /// impairment relay (15 ms +- 5 ms and the loss, each way). Slow:
-        /// Basic waits out 2-3 s timeouts (about 45 min at 1000 requests).
+        /// impairment relay with the simulated chain's base RTT and loss
+        /// placement (half the lossless RTT, about 97 ms, each way with the
+        /// chain's jitter, and the loss split over the two directions).
+        /// Slow: every exchange takes about 0.2 s and Basic waits out 2-3 s
+        /// timeouts: about 55 min for the nine cases at 1000 requests.
         #[arg(long)]
         real: bool,
     },
