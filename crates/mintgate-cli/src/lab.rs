@@ -379,8 +379,9 @@ struct DtlsLabArgs {
     /// Handler threads of the gateway (a fixed pool, the same for both).
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least::<1>)]
     threads: usize,
-    /// ClientHellos per second of the flood measurement (0 = none).
-    #[arg(long, default_value_t = 20_000, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
+    /// ClientHellos per second of the flood measurement (0 = none); the
+    /// default is the target's rate.
+    #[arg(long, default_value_t = 10_000, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
     flood_rate: u32,
     /// Loopback source addresses of the flood (127.6.0.0 on, a socket each).
     #[arg(long, default_value_t = 2048, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]

@@ -78,7 +78,7 @@ impl Default for DtlsOptions {
             sessions: 8,
             window: 16,
             threads: 1,
-            flood_rate: 20_000,
+            flood_rate: 10_000,
             flood_sources: 2048,
             flood_requests: 10,
             exe: None,
@@ -251,7 +251,11 @@ pub fn lab_dtls(opts: &LabOptions, d: &DtlsOptions) -> anyhow::Result<Summary> {
     let _ = writeln!(
         t,
         "coaps/coap throughput: {ratio:.0} % (target >= {RATIO_TARGET:.0} %: {})",
-        if met { "met" } else { "NOT met" }
+        if ratio >= RATIO_TARGET {
+            "met"
+        } else {
+            "NOT met"
+        }
     );
     let _ = writeln!(
         t,
@@ -270,12 +274,16 @@ pub fn lab_dtls(opts: &LabOptions, d: &DtlsOptions) -> anyhow::Result<Summary> {
                 "ClientHello flood ({} loopback sources, cookieless hellos; gateway in its own process):",
                 f.sources
             );
-            let rate_note = if f.hellos_per_s >= FLOOD_RATE_TARGET {
-                String::new()
-            } else {
-                format!(
-                    " (the most the generator reached here; target asks {FLOOD_RATE_TARGET:.0})"
-                )
+            // within 1 % of the rate asked: the pacing's rounding, not a
+            // limit of the generator
+            let reached_asked = f.hellos_per_s >= 0.99 * f.asked_per_s;
+            let rate_note = match (reached_asked, f.hellos_per_s >= 0.99 * FLOOD_RATE_TARGET) {
+                (true, true) => String::new(),
+                (true, false) => format!(" (below the target's {FLOOD_RATE_TARGET:.0})"),
+                (false, _) => format!(
+                    " (asked {:.0}: the most the generator reached here; the target asks {FLOOD_RATE_TARGET:.0})",
+                    f.asked_per_s
+                ),
             };
             let _ = writeln!(
                 t,
@@ -544,6 +552,8 @@ fn run_links(links: Vec<Link>, window: u32, dur: Duration) -> anyhow::Result<(Ra
 
 /// What the flood measurement found.
 struct Flood {
+    /// The rate asked for, and the rate the generator reached.
+    asked_per_s: f64,
     hellos_per_s: f64,
     hellos: u64,
     sources: usize,
@@ -784,6 +794,7 @@ fn flood(
     std::thread::sleep(Duration::from_millis(200));
     let m = |name: &str| metric_sum(metrics, name).ok().flatten().unwrap_or(f64::NAN);
     let f = Flood {
+        asked_per_s: f64::from(d.flood_rate),
         hellos_per_s,
         hellos: f1.1,
         sources,
