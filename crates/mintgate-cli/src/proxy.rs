@@ -378,7 +378,9 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
     let nofile = crate::raise_nofile_limit();
     tracing::debug!(nofile, "open descriptor limit");
     let set = crate::serve::block_signals();
-    let srv = start(&s, &default_allow, &cfg.access, None, &|a| {
+    // the HTTP listener also answers /healthz and /readyz, as serve's does
+    let health = mintgate_proxy::health::router(std::time::Instant::now());
+    let srv = start(&s, &default_allow, &cfg.access, Some(health), &|a| {
         tracing::debug!("upstream CoAP socket on udp {a}")
     })?
     .ok_or_else(|| anyhow!("nothing to serve"))?;

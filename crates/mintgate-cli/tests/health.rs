@@ -172,3 +172,39 @@ fn an_unreachable_mqtt_broker_makes_it_not_ready_until_the_broker_comes() {
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A standalone `mintgate proxy` answers `/healthz` and `/readyz` on its
+/// HTTP listener, in the gateway's shapes, once its listeners are bound.
+#[test]
+fn a_standalone_proxy_is_healthy_and_ready_once_listening() {
+    let dir = tmp_dir("health-proxy");
+    let port = free_tcp();
+    let log = dir.join("proxy.log");
+    let child = Command::new(BIN)
+        .args(["--log", "info", "proxy", "--http"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // the same handle as serve's: kills the child when dropped
+    let mut p = Serve { child, log };
+    p.wait_log("proxy on tcp", Duration::from_secs(20));
+    let (st, head, body) = http(port, "GET", "/healthz", &[], b"");
+    assert_eq!(st, 200, "{head}{body}");
+    let v = json(&body);
+    assert_eq!(v["alive"], true, "{body}");
+    assert!(v["uptime_seconds"].is_u64(), "{body}");
+    let (st, head, body) = http(port, "GET", "/readyz", &[], b"");
+    assert_eq!(st, 200, "{head}{body}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let v = json(&body);
+    assert_eq!(v["ready"], true, "{body}");
+    assert_eq!(v["checks"]["listening"], "ok", "{body}");
+    // anything else is still the proxy's: not found, not a health answer
+    let (st, _, _) = http(port, "GET", "/healthz/x", &[], b"");
+    assert_eq!(st, 404);
+    assert!(p.terminate(Duration::from_secs(10)), "{}", p.log_text());
+    let _ = std::fs::remove_dir_all(&dir);
+}

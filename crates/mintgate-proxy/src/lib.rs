@@ -26,6 +26,7 @@ pub mod cache;
 pub mod client;
 pub mod config;
 pub mod h3;
+pub mod health;
 pub mod limits;
 pub mod mapping;
 pub mod server;
