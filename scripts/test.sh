@@ -94,6 +94,10 @@ fi
 # MINTGATE_REQUIRE_PEERS).
 step "building peers/paho (mvn package)"
 mvn -q -B -f peers/paho/pom.xml package
+# Eclipse Californium (cf-oscore) for the OSCORE interop tests
+# (tests/oscore_californium.rs) and the footprint lab's comparison.
+step "building peers/californium (mvn package)"
+mvn -q -B -f peers/californium/pom.xml package
 
 # A one-off build gains nothing from incremental state (gigabytes under
 # target/debug/incremental); set CARGO_INCREMENTAL=1 to keep it.

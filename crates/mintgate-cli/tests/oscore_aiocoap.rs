@@ -5,18 +5,14 @@
 //! aiocoap-fileserver. Without aiocoap the tests are skipped, unless
 //! MINTGATE_REQUIRE_PEERS is set: then they fail.
 
+mod common;
+
+use common::{output_text, Kill};
+
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn venv_bin(name: &str) -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/py-venv/bin");
@@ -66,15 +62,6 @@ fn run(cmd: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run aiocoap-client")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}, stdout {:?}, stderr {:?}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Waits until `probe` answers (a plain GET with mintgate's client).
@@ -151,7 +138,7 @@ fn aiocoap_client_gets_and_puts_through_mintgate_serve() {
     let c = creds.to_str().unwrap();
 
     let o = run(&client, &["--credentials", c, &uri("request")]);
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", output_text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "hello world");
 
     let o = run(
@@ -166,23 +153,23 @@ fn aiocoap_client_gets_and_puts_through_mintgate_serve() {
             &uri("echo"),
         ],
     );
-    assert!(o.status.success(), "protected PUT: {}", text(&o));
+    assert!(o.status.success(), "protected PUT: {}", output_text(&o));
     let o = run(&client, &["--credentials", c, &uri("echo")]);
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
         "on",
         "{}",
-        text(&o)
+        output_text(&o)
     );
 
     // the same PUT unprotected is refused by access.write = "oscore"
     let o = run(&client, &["-m", "PUT", "--payload", "off", &uri("echo")]);
-    assert!(!o.status.success(), "{}", text(&o));
+    assert!(!o.status.success(), "{}", output_text(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("4.01")
             || String::from_utf8_lossy(&o.stderr).contains("4.01"),
         "{}",
-        text(&o)
+        output_text(&o)
     );
 
     let m = mintgate(&["get", &uri("request")], &d);
@@ -248,7 +235,7 @@ fn mintgate_client_gets_and_puts_to_aiocoap_fileserver() {
 
     // mintgate's client verifies the answer: an unprotected one fails
     let o = mintgate(&["get", &uri("hello.txt"), "--oscore", "mg.toml"], &d);
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", output_text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "served by aiocoap\n");
 
     let o = mintgate(
@@ -262,7 +249,7 @@ fn mintgate_client_gets_and_puts_to_aiocoap_fileserver() {
         ],
         &d,
     );
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(o.status.success(), "{}", output_text(&o));
     assert_eq!(
         std::fs::read_to_string(d.join("files/new.txt")).unwrap(),
         "written by mintgate"
@@ -279,11 +266,11 @@ fn mintgate_client_gets_and_puts_to_aiocoap_fileserver() {
     assert!(
         !o.status.success(),
         "a wrong key was accepted: {}",
-        text(&o)
+        output_text(&o)
     );
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("refused the OSCORE request"),
         "{}",
-        text(&o)
+        output_text(&o)
     );
 }

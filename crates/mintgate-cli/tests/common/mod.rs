@@ -376,3 +376,24 @@ pub fn field_link(metrics: u16, name: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no device {name} in {v}"))["link"]
         .clone()
 }
+
+/// A child process killed and reaped when dropped (a peer server a test
+/// started).
+pub struct Kill(pub Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A finished command's status, stdout and stderr, for assertion messages.
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "status {:?}, stdout {:?}, stderr {:?}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
