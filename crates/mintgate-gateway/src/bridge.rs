@@ -902,9 +902,12 @@ fn publish_loop(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        // consecutive messages to one topic go in one durable write (and
-        // SenML records in one pack)
+        // consecutive messages to one topic go in one enqueue (and SenML
+        // records in one pack); every enqueue of the batch is submitted
+        // before any is waited for, so the whole batch is one durable write
+        // (one commit for many sensors' topics, not one each)
         let mut run: Option<Run> = None;
+        let mut submitted = Vec::new();
         for it in batch.drain(..) {
             let Some((topic, retain, format, body)) = body_of(it, m, &mut names, c, &mut log)
             else {
@@ -916,7 +919,7 @@ fn publish_loop(
                 }
                 _ => {
                     if let Some(r) = run.take() {
-                        r.enqueue(p, c, &mut log);
+                        submitted.push(r.submit(p));
                     }
                     run = Some(Run {
                         topic,
@@ -928,7 +931,10 @@ fn publish_loop(
             }
         }
         if let Some(r) = run.take() {
-            r.enqueue(p, c, &mut log);
+            submitted.push(r.submit(p));
+        }
+        for (topic, n, r) in submitted {
+            enqueued(&topic, n, r.and_then(|s| s.wait()), c, &mut log);
         }
     }
 }
@@ -943,12 +949,21 @@ struct Run {
 }
 
 impl Run {
-    fn enqueue(self, p: &Publisher, c: &BridgeCounters, log: &mut LogLimit) {
+    /// Hands the run to the queue: its topic, its message count, and the
+    /// submission to wait on.
+    fn submit(
+        self,
+        p: &Publisher,
+    ) -> (
+        Arc<str>,
+        u64,
+        Result<mintgate_mqtt::publisher::Submitted, mintgate_mqtt::publisher::PublishError>,
+    ) {
         let flags = Flags {
             retain: self.retain,
             bare: self.format.bare(),
         };
-        let bodies = if self.format == Format::Senml {
+        let bodies: Vec<String> = if self.format == Format::Senml {
             self.bodies
                 .chunks(fmt::SENML_MAX_RECORDS)
                 .map(|recs| fmt::senml_pack(p.publisher_id(), recs))
@@ -956,7 +971,9 @@ impl Run {
         } else {
             self.bodies
         };
-        enqueue(p, &self.topic, flags, bodies, c, log);
+        let n = bodies.len() as u64;
+        let r = p.submit_many_with(&self.topic, flags, bodies);
+        (self.topic, n, r)
     }
 }
 
@@ -1040,16 +1057,16 @@ fn body_of(
     })
 }
 
-fn enqueue(
-    p: &Publisher,
+/// Counts (and says, when it must) how the enqueue of `n` messages to
+/// `topic` ended.
+fn enqueued(
     topic: &str,
-    flags: Flags,
-    bodies: Vec<String>,
+    n: u64,
+    r: Result<std::ops::RangeInclusive<u64>, mintgate_mqtt::publisher::PublishError>,
     c: &BridgeCounters,
     log: &mut LogLimit,
 ) {
-    let n = bodies.len() as u64;
-    match p.enqueue_many_with(topic, flags, bodies) {
+    match r {
         Ok(_) => {
             c.enqueued.fetch_add(n, Relaxed);
         }

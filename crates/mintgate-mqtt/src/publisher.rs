@@ -201,6 +201,9 @@ pub struct Status {
     pub connected: bool,
     /// Successful connections so far.
     pub connects: u64,
+    /// Durable writes of new messages to the store so far (each one commit:
+    /// everything enqueued while the previous one ran goes in the next).
+    pub durable_writes: u64,
     /// The last connection error.
     pub last_error: Option<String>,
     /// Queue counters.
@@ -229,6 +232,19 @@ enum Cmd {
         drain: Duration,
         reply: oneshot::Sender<()>,
     },
+}
+
+/// Messages handed to the queue by [`Publisher::submit_many_with`], not yet
+/// known to be durable.
+#[must_use = "wait() says whether the messages were accepted"]
+pub struct Submitted(oneshot::Receiver<Result<RangeInclusive<u64>, PublishError>>);
+
+impl Submitted {
+    /// Blocks until the messages are durable: their sequences (of their
+    /// topic), or why (some) were refused.
+    pub fn wait(self) -> Result<RangeInclusive<u64>, PublishError> {
+        self.0.blocking_recv().map_err(|_| PublishError::Stopped)?
+    }
 }
 
 /// The handle; see the module docs. Dropping it stops the driver (what is
@@ -335,6 +351,7 @@ impl Publisher {
                     pkids: Vec::new(),
                     handed: std::collections::VecDeque::new(),
                     connects: 0,
+                    durable_writes: 0,
                     last_error: None,
                     failing: None,
                     last_notify: Instant::now(),
@@ -402,6 +419,21 @@ impl Publisher {
         flags: Flags,
         bodies: Vec<String>,
     ) -> Result<RangeInclusive<u64>, PublishError> {
+        self.submit_many_with(topic, flags, bodies)?.wait()
+    }
+
+    /// [`Publisher::enqueue_many_with`] without waiting: the messages are
+    /// handed to the queue and numbered in the order submitted, and
+    /// [`Submitted::wait`] says when they are durable. Several submissions
+    /// made before waiting on any go into one durable write (the driver
+    /// takes every enqueue that is waiting), so a caller with messages for
+    /// many topics pays one commit for all of them instead of one each.
+    pub fn submit_many_with(
+        &self,
+        topic: &str,
+        flags: Flags,
+        bodies: Vec<String>,
+    ) -> Result<Submitted, PublishError> {
         check_topic(topic).map_err(PublishError::Invalid)?;
         if bodies.is_empty() {
             return Err(PublishError::Invalid("nothing to enqueue".into()));
@@ -415,7 +447,7 @@ impl Publisher {
                 reply,
             })
             .map_err(|_| PublishError::Stopped)?;
-        rx.blocking_recv().map_err(|_| PublishError::Stopped)?
+        Ok(Submitted(rx))
     }
 
     /// A snapshot of the state.
@@ -527,6 +559,7 @@ struct Driver {
     /// Queue ids handed to rumqttc whose `Sent` event has not come yet.
     handed: std::collections::VecDeque<u64>,
     connects: u64,
+    durable_writes: u64,
     last_error: Option<String>,
     /// Since when connection attempts fail (none has succeeded since), and
     /// when that was last logged as a warning.
@@ -923,6 +956,7 @@ impl Driver {
             .collect();
         match self.store.append_job(msgs, self.queue.next_id()) {
             Ok(Some(job)) => {
+                self.durable_writes += 1;
                 self.appending = Some(Appending {
                     job: tokio::task::spawn_blocking(job),
                     upto,
@@ -1207,6 +1241,7 @@ impl Driver {
         st.store_full = self.store_down.is_some();
         st.connected = self.connected;
         st.connects = self.connects;
+        st.durable_writes = self.durable_writes;
         st.last_error.clone_from(&self.last_error);
         st.queue = self.queue.stats();
         drop(st);

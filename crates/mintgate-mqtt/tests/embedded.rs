@@ -312,3 +312,43 @@ fn listeners_are_distinct_and_a_taken_port_is_an_error() {
     assert!(e.to_string().contains("192.0.2.1:1883"), "{e}");
     assert!(t0.elapsed() < std::time::Duration::from_secs(2));
 }
+
+/// Group commit across topics: enqueues submitted before any is waited for
+/// share durable writes (the bridge's many sensors, each on its topic, cost
+/// a commit per batch, not per message); enqueued one by one, waiting each
+/// time, every one is a write of its own. Each topic's seqs are its own.
+#[test]
+fn submissions_before_waiting_share_durable_writes() {
+    let dir = std::env::temp_dir().join(format!("mintgate-group-commit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut cfg = PublisherConfig::new(broker().url());
+    cfg.state = Some(dir.clone());
+    let p = Publisher::start(cfg).unwrap();
+    let base = topic("group");
+    let topics: Vec<String> = (0..50).map(|i| format!("{base}/s{i}")).collect();
+    let before = p.status().durable_writes;
+    let submitted: Vec<_> = topics
+        .iter()
+        .map(|t| {
+            p.submit_many_with(t, Default::default(), vec!["v".into()])
+                .unwrap()
+        })
+        .collect();
+    for s in submitted {
+        assert_eq!(s.wait().unwrap(), 1..=1, "each topic starts at 1");
+    }
+    let grouped = p.status().durable_writes - before;
+    let before = p.status().durable_writes;
+    for t in &topics {
+        assert_eq!(p.enqueue(t, "w").unwrap(), 2);
+    }
+    let one_by_one = p.status().durable_writes - before;
+    assert_eq!(one_by_one, 50, "one write per waited enqueue");
+    // the first submission may start a write alone; the rest wait for it
+    // and go together (a loaded machine may split them once or twice more)
+    assert!(grouped <= 5, "{grouped} writes for 50 submissions");
+    assert!(p.wait_idle(Duration::from_secs(30)), "{:?}", p.status());
+    let st = p.close(Duration::from_secs(1));
+    assert_eq!(st.queue.acked, 100);
+    let _ = std::fs::remove_dir_all(&dir);
+}
