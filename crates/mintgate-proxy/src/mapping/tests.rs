@@ -1,3 +1,7 @@
+use http::header::{HeaderMap, HeaderName};
+use http::Method;
+use mintgate_coap::wire::{Code, OptionNumber};
+
 use super::*;
 use proptest::prelude::*;
 
