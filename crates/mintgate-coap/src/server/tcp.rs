@@ -306,7 +306,12 @@ impl Connection {
         }
     }
 
-    fn abort(&mut self, why: AbortReason) {
+    /// Sends an Abort and ends the connection (also for the transport's
+    /// own reasons: a WebSocket message over Max-Message-Size or stalled).
+    pub fn abort(&mut self, why: AbortReason) {
+        if self.closed.is_some() {
+            return;
+        }
         let bad_csm_option = match why {
             AbortReason::BadSignal(SignalError::UnknownCritical(n) | SignalError::BadValue(n)) => {
                 Some(n.0)
