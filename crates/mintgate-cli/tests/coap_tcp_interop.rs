@@ -110,15 +110,19 @@ fn aiocoap_client_over_tcp_against_serve() {
         return;
     };
     let (_s, tcp) = serve_tcp("tcp-aiocoap", "");
-    let uri = |p: &str| format!("coap+tcp://{tcp}/{p}");
-    let (o, e, ok) = run(Command::new(&aio).arg(uri("request")));
+    aiocoap_get_put_get(&aio, &|p| format!("coap+tcp://{tcp}/{p}"));
+}
+
+/// aiocoap-client's GET /request, PUT /echo, GET /echo at `uri(path)`.
+fn aiocoap_get_put_get(aio: &std::path::Path, uri: &dyn Fn(&str) -> String) {
+    let (o, e, ok) = run(Command::new(aio).arg(uri("request")));
     assert!(ok, "{e}");
     assert_eq!(o.trim(), "hello world");
-    let (_, e, ok) = run(Command::new(&aio)
+    let (_, e, ok) = run(Command::new(aio)
         .args(["-m", "PUT", "--payload", "from aiocoap"])
         .arg(uri("echo")));
     assert!(ok, "PUT: {e}");
-    let (o, e, ok) = run(Command::new(&aio).arg(uri("echo")));
+    let (o, e, ok) = run(Command::new(aio).arg(uri("echo")));
     assert!(ok, "{e}");
     assert_eq!(o.trim(), "from aiocoap");
 }
@@ -351,16 +355,7 @@ fn aiocoap_client_over_ws_against_serve() {
     };
     let (_s, ws) = serve_ws("ws-aiocoap", "");
     let uri = |p: &str| format!("coap+ws://{ws}/{p}");
-    let (o, e, ok) = run(Command::new(&aio).arg(uri("request")));
-    assert!(ok, "{e}");
-    assert_eq!(o.trim(), "hello world");
-    let (_, e, ok) = run(Command::new(&aio)
-        .args(["-m", "PUT", "--payload", "over websockets"])
-        .arg(uri("echo")));
-    assert!(ok, "PUT: {e}");
-    let (o, e, ok) = run(Command::new(&aio).arg(uri("echo")));
-    assert!(ok, "{e}");
-    assert_eq!(o.trim(), "over websockets");
+    aiocoap_get_put_get(&aio, &uri);
     let (o, e, _) = run(Command::new(&aio).arg(uri("no/such")));
     assert!(format!("{o}{e}").contains("4.04"), "4.04: {o}{e}");
     let (o, e, ok) = run(Command::new(&aio).arg(uri(".well-known/core")));

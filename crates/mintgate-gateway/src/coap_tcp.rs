@@ -503,6 +503,8 @@ impl<S: Write> Write for Metered<S> {
 
 /// The upgrade check of RFC 8323 4.3: the well-known path and the `coap`
 /// subprotocol, which the answer then names.
+// the shape of tungstenite's handshake Callback, called once per upgrade
+#[allow(clippy::result_large_err)]
 fn ws_upgrade(
     req: &tungstenite::handshake::server::Request,
     mut resp: tungstenite::handshake::server::Response,

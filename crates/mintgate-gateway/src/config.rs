@@ -1807,6 +1807,8 @@ bearer_tokens = ["s3cret-bearer"]
                 "[coap]\ntcp_idle_timeout_s = 0\n",
                 "coap.tcp_idle_timeout_s",
             ),
+            // coaps+ws without a certificate: TLS here has no PSK
+            ("[coaps]\nws_bind = [\"127.0.0.1:1\"]\n", "coaps.ws_bind"),
         ] {
             let e = Config::from_toml(toml).unwrap_err().to_string();
             assert!(e.contains(key), "{toml}: {e}");
