@@ -320,13 +320,7 @@ fn websocket_messages_are_one_frame_each() {
     let mut ours = c.output().to_vec();
     assert_eq!(ours[0] >> 4, 0, "Len 0 over WebSockets");
     c.consume_output(ours.len());
-    let mut csm = Vec::new();
-    Signal::Csm {
-        max_message_size: None,
-        block_wise: false,
-    }
-    .emit_vec(Framing::WebSocket, &[], &mut csm);
-    c.receive_message(&csm, &mut serve);
+    c.receive_message(&ws_csm(), &mut serve);
     let get = TcpRepr {
         code: Code::GET,
         token: b"w",
@@ -354,14 +348,8 @@ fn websocket_output_keeps_each_message_apart() {
     let mut c = Connection::new(Framing::WebSocket, peer(), ConnectionConfig::default());
     let (router, pool) = (router(), pool());
     let mut serve = |req: &Request<'_>, max: usize| handle_request(&router, &pool, req, 0, max);
+    c.receive_message(&ws_csm(), &mut serve);
     let mut m = Vec::new();
-    Signal::Csm {
-        max_message_size: None,
-        block_wise: false,
-    }
-    .emit_vec(Framing::WebSocket, &[], &mut m);
-    c.receive_message(&m, &mut serve);
-    m.clear();
     Signal::Ping { custody: false }.emit_vec(Framing::WebSocket, b"p", &mut m);
     c.receive_message(&m, &mut serve);
     m.clear();
@@ -393,4 +381,15 @@ fn websocket_output_keeps_each_message_apart() {
         ]
     );
     assert!(c.output().is_empty());
+}
+
+/// A client's CSM in WebSocket framing (no options).
+fn ws_csm() -> Vec<u8> {
+    let mut v = Vec::new();
+    Signal::Csm {
+        max_message_size: None,
+        block_wise: false,
+    }
+    .emit_vec(Framing::WebSocket, &[], &mut v);
+    v
 }
