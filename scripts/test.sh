@@ -66,6 +66,11 @@ if ! target/py-venv/bin/python -c 'import aiocoap.oscore, cbor2, filelock' 2>/de
   step "installing aiocoap[oscore] into target/py-venv"
   target/py-venv/bin/pip install -q 'aiocoap[oscore]>=0.4.7,<0.5'
 fi
+# websockets: aiocoap's coap+ws transport (tests/coap_tcp_interop.rs)
+if ! target/py-venv/bin/python -c 'import websockets' 2>/dev/null; then
+  step "installing websockets into target/py-venv"
+  target/py-venv/bin/pip install -q 'websockets>=13,<16'
+fi
 # amqtt: an MQTT broker no one here wrote with WebSocket listeners (ws://,
 # wss://; Debian's mosquitto cannot open one here)
 if [ ! -x target/py-venv/bin/amqtt ]; then

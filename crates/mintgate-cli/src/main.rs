@@ -62,9 +62,9 @@ enum Cmd {
     ///
     /// Runs until SIGINT or SIGTERM (exit 0). Besides CoAP over UDP it serves,
     /// when asked: the HTTP/1.1, HTTP/2 and HTTP/3 proxy and the live dashboard
-    /// (--http, --h3), coaps (--coaps), CoAP over TCP (--coap-tcp), the MQTT
-    /// bridges (--mqtt) or NATS JetStream (--nats), and Prometheus metrics
-    /// (--metrics). A receiver, timer or notifier thread that dies ends the
+    /// (--http, --h3), coaps (--coaps), CoAP over TCP (--coap-tcp) and over
+    /// WebSockets (--coap-ws), the MQTT bridges (--mqtt) or NATS JetStream
+    /// (--nats), and Prometheus metrics (--metrics). A receiver, timer or notifier thread that dies ends the
     /// process with exit status 70, for a supervisor to restart it.
     Serve(serve::ServeArgs),
     /// Send a CoAP GET and print the response.

@@ -27,6 +27,11 @@ pub struct ServeArgs {
     /// 127.0.0.1:5683 (repeatable; replaces coap.tcp_bind).
     #[arg(long, value_name = "ADDR")]
     coap_tcp: Vec<SocketAddr>,
+    /// CoAP over WebSockets (RFC 8323, coap+ws, path /.well-known/coap)
+    /// address to listen on, e.g. 127.0.0.1:8683 (repeatable; replaces
+    /// coap.ws_bind).
+    #[arg(long, value_name = "ADDR")]
+    coap_ws: Vec<SocketAddr>,
     /// coaps (CoAP over DTLS 1.2) UDP address to listen on, e.g.
     /// 127.0.0.1:5684 (repeatable; replaces coaps.bind). Needs a pre-shared
     /// key (--psk-identity and --psk-key) or a certificate (--coaps-cert
@@ -180,6 +185,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     if !a.coap_tcp.is_empty() {
         cfg.coap.tcp_bind = a.coap_tcp.clone();
+    }
+    if !a.coap_ws.is_empty() {
+        cfg.coap.ws_bind = a.coap_ws.clone();
     }
     if !a.coaps.is_empty() {
         cfg.coaps.bind = a.coaps.clone();

@@ -110,15 +110,19 @@ fn aiocoap_client_over_tcp_against_serve() {
         return;
     };
     let (_s, tcp) = serve_tcp("tcp-aiocoap", "");
-    let uri = |p: &str| format!("coap+tcp://{tcp}/{p}");
-    let (o, e, ok) = run(Command::new(&aio).arg(uri("request")));
+    aiocoap_get_put_get(&aio, &|p| format!("coap+tcp://{tcp}/{p}"));
+}
+
+/// aiocoap-client's GET /request, PUT /echo, GET /echo at `uri(path)`.
+fn aiocoap_get_put_get(aio: &std::path::Path, uri: &dyn Fn(&str) -> String) {
+    let (o, e, ok) = run(Command::new(aio).arg(uri("request")));
     assert!(ok, "{e}");
     assert_eq!(o.trim(), "hello world");
-    let (_, e, ok) = run(Command::new(&aio)
+    let (_, e, ok) = run(Command::new(aio)
         .args(["-m", "PUT", "--payload", "from aiocoap"])
         .arg(uri("echo")));
     assert!(ok, "PUT: {e}");
-    let (o, e, ok) = run(Command::new(&aio).arg(uri("echo")));
+    let (o, e, ok) = run(Command::new(aio).arg(uri("echo")));
     assert!(ok, "{e}");
     assert_eq!(o.trim(), "from aiocoap");
 }
@@ -320,5 +324,222 @@ fn bad_input_over_tcp_is_aborted_and_connections_are_bounded() {
             [Code::CSM, Code::CONTENT]
         );
     }
+    drop(s);
+}
+
+// ---- CoAP over WebSockets (RFC 8323 section 4, `coap+ws`)
+
+/// `mintgate serve --coap-ws` on loopback; `rest` is more of the `[coap]`
+/// table. Returns the server and the WebSocket listener's address.
+fn serve_ws(tag: &str, rest: &str) -> (Serve, SocketAddr) {
+    let dir = tmp_dir(tag);
+    let ws: SocketAddr = format!("127.0.0.1:{}", free_tcp()).parse().unwrap();
+    let udp = free_udp();
+    let cfg = write_config(&dir, udp, rest);
+    let mut s = Serve::start(
+        &cfg,
+        &dir.join("serve.log"),
+        &["--coap-ws", &ws.to_string()],
+    );
+    s.wait_coap(
+        format!("127.0.0.1:{udp}").parse().unwrap(),
+        Duration::from_secs(15),
+    );
+    (s, ws)
+}
+
+#[test]
+fn aiocoap_client_over_ws_against_serve() {
+    let Some(aio) = aiocoap_client() else {
+        return;
+    };
+    let (_s, ws) = serve_ws("ws-aiocoap", "");
+    let uri = |p: &str| format!("coap+ws://{ws}/{p}");
+    aiocoap_get_put_get(&aio, &uri);
+    let (o, e, _) = run(Command::new(&aio).arg(uri("no/such")));
+    assert!(format!("{o}{e}").contains("4.04"), "4.04: {o}{e}");
+    let (o, e, ok) = run(Command::new(&aio).arg(uri(".well-known/core")));
+    assert!(ok, "{e}");
+    assert!(o.contains("</request>") && o.contains("</echo>"), "{o}");
+}
+
+/// A WebSocket client of our own making's connection, upgraded with
+/// `protocol` (None: no Sec-WebSocket-Protocol) at `path`.
+fn ws_connect(
+    ws: SocketAddr,
+    path: &str,
+    protocol: Option<&str>,
+) -> Result<tungstenite::WebSocket<TcpStream>, String> {
+    use tungstenite::client::IntoClientRequest;
+    let mut req = format!("ws://{ws}{path}").into_client_request().unwrap();
+    if let Some(p) = protocol {
+        req.headers_mut()
+            .insert("sec-websocket-protocol", p.parse().unwrap());
+    }
+    let s = TcpStream::connect(ws).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    match tungstenite::client(req, s) {
+        Ok((c, _)) => Ok(c),
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => {
+            Err(r.status().as_u16().to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The CoAP codes of the binary messages read until the close (at most
+/// `limit`).
+fn ws_codes(c: &mut tungstenite::WebSocket<TcpStream>, limit: Duration) -> Vec<Code> {
+    let end = Instant::now() + limit;
+    let mut v = Vec::new();
+    while Instant::now() < end {
+        match c.read() {
+            Ok(tungstenite::Message::Binary(m)) => v.push(
+                TcpPacket::new_checked(&m[..], Framing::WebSocket)
+                    .unwrap()
+                    .code(),
+            ),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    v
+}
+
+fn ws_csm() -> tungstenite::Message {
+    let mut v = Vec::new();
+    Signal::Csm {
+        max_message_size: Some(1152),
+        block_wise: false,
+    }
+    .emit_vec(Framing::WebSocket, &[], &mut v);
+    tungstenite::Message::binary(v)
+}
+
+/// GET /request in WebSocket framing (Len 0, token "t").
+fn ws_get() -> tungstenite::Message {
+    tungstenite::Message::binary([&[0x01, Code::GET.0, b't', 0xB7][..], b"request"].concat())
+}
+
+/// Whether the server closes `s` (EOF or reset) within `limit`, and what
+/// it said first.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> (bool, String) {
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let end = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut b = [0u8; 1024];
+    while Instant::now() < end {
+        match s.read(&mut b) {
+            Ok(0) => return (true, String::from_utf8_lossy(&got).into_owned()),
+            Ok(n) => got.extend_from_slice(&b[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return (true, String::from_utf8_lossy(&got).into_owned()),
+        }
+    }
+    (false, String::from_utf8_lossy(&got).into_owned())
+}
+
+#[test]
+fn bad_input_over_ws_is_refused_or_aborted_and_serving_goes_on() {
+    let (s, ws) = serve_ws(
+        "ws-bad",
+        "tcp_max_message_size = 1152\ntcp_frame_timeout_ms = 300\n",
+    );
+    // the upgrade: the well-known path and the coap subprotocol, or no
+    assert_eq!(
+        ws_connect(ws, "/other", Some("coap")).err().as_deref(),
+        Some("404")
+    );
+    assert_eq!(
+        ws_connect(ws, "/.well-known/coap", None).err().as_deref(),
+        Some("400"),
+        "no subprotocol"
+    );
+    assert_eq!(
+        ws_connect(ws, "/.well-known/coap", Some("mqtt"))
+            .err()
+            .as_deref(),
+        Some("400"),
+        "wrong subprotocol"
+    );
+    // no upgrade at all: a CoAP-over-TCP CSM, a plain HTTP GET
+    let mut c = TcpStream::connect(ws).unwrap();
+    c.write_all(&our_csm()).unwrap();
+    assert!(closed_within(&mut c, Duration::from_secs(3)).0, "raw CoAP");
+    let mut c = TcpStream::connect(ws).unwrap();
+    c.write_all(b"GET /.well-known/coap HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let (closed, said) = closed_within(&mut c, Duration::from_secs(3));
+    assert!(closed && !said.contains(" 101 "), "no upgrade: {said}");
+    // an upgrade request that never ends (stalled) or is too long
+    let mut c = TcpStream::connect(ws).unwrap();
+    c.write_all(b"GET /.well-known/coap HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let t = Instant::now();
+    assert!(closed_within(&mut c, Duration::from_secs(3)).0, "stalled");
+    assert!(t.elapsed() >= Duration::from_millis(250));
+    let mut c = TcpStream::connect(ws).unwrap();
+    let long = format!(
+        "GET /.well-known/coap HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n",
+        "a".repeat(20_000)
+    );
+    let _ = c.write_all(long.as_bytes());
+    assert!(closed_within(&mut c, Duration::from_secs(3)).0, "too long");
+
+    // upgraded: a request before the CSM gets CSM, Abort, close
+    let mut c = ws_connect(ws, "/.well-known/coap", Some("coap")).unwrap();
+    c.send(ws_get()).unwrap();
+    assert_eq!(
+        ws_codes(&mut c, Duration::from_secs(3)),
+        [Code::CSM, Code::ABORT],
+        "no CSM first"
+    );
+    // a message over our Max-Message-Size (1152): Abort
+    let mut c = ws_connect(ws, "/.well-known/coap", Some("coap")).unwrap();
+    c.send(ws_csm()).unwrap();
+    let mut big = vec![0x01, Code::PUT.0, b't', 0xFF];
+    big.resize(1153, b'x');
+    c.send(tungstenite::Message::binary(big)).unwrap();
+    assert_eq!(
+        ws_codes(&mut c, Duration::from_secs(3)),
+        [Code::CSM, Code::ABORT],
+        "too large"
+    );
+    // a text message: Abort
+    let mut c = ws_connect(ws, "/.well-known/coap", Some("coap")).unwrap();
+    c.send(ws_csm()).unwrap();
+    c.send(tungstenite::Message::text("hello")).unwrap();
+    assert_eq!(
+        ws_codes(&mut c, Duration::from_secs(3)),
+        [Code::CSM, Code::ABORT],
+        "text"
+    );
+
+    // serving goes on: CSM, a GET, a Ping, each message on its own
+    let mut c = ws_connect(ws, "/.well-known/coap", Some("coap")).unwrap();
+    c.send(ws_csm()).unwrap();
+    c.send(ws_get()).unwrap();
+    let mut ping = Vec::new();
+    Signal::Ping { custody: false }.emit_vec(Framing::WebSocket, b"pg", &mut ping);
+    c.send(tungstenite::Message::binary(ping)).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        match c.read().unwrap() {
+            tungstenite::Message::Binary(m) => got.push(m.to_vec()),
+            _ => continue,
+        }
+    }
+    let p = TcpPacket::new_checked(&got[1][..], Framing::WebSocket).unwrap();
+    assert_eq!(
+        (p.code(), p.payload()),
+        (Code::CONTENT, &b"hello world"[..])
+    );
+    let p = TcpPacket::new_checked(&got[2][..], Framing::WebSocket).unwrap();
+    assert_eq!((p.code(), p.token()), (Code::PONG, &b"pg"[..]));
     drop(s);
 }

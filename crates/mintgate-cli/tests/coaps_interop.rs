@@ -785,3 +785,97 @@ fn coaps_over_tcp_with_libcoap() {
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `coaps+ws` (RFC 8323 section 4 over TLS, `[coaps] ws_bind`) with
+/// tungstenite over rustls as the client (no libcoap build here speaks
+/// WebSockets): the server verified against the CA, the upgrade at
+/// `/.well-known/coap` with the `coap` subprotocol, a GET answered; with
+/// `access.write = "dtls"`, a PUT without a client certificate gets 4.01
+/// and one with the CA's client certificate is taken.
+#[test]
+fn coaps_over_websockets_with_certificates() {
+    use mintgate_coap::wire::{Code, Framing, Signal, TcpPacket};
+    let (pki, dir) = pki();
+    let plain = free_port();
+    let ws = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = dir.join("tls-ws.toml");
+    let s = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[coap]\nbind = [\"127.0.0.1:{plain}\"]\n\
+             [coaps]\nws_bind = [\"127.0.0.1:{ws}\"]\ncert = \"{}\"\nkey = \"{}\"\n\
+             client_ca = \"{}\"\nrequire_client_cert = false\n\
+             [access]\nwrite = \"dtls\"\n",
+            s(&pki.server_cert),
+            s(&pki.server_key),
+            s(&pki.ca),
+        ),
+    )
+    .unwrap();
+    let log = dir.join("serve.log");
+    let mut p = Proc(
+        Command::new(BIN)
+            .args(["serve", "-c"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start mintgate serve"),
+    );
+    wait_up(&mut p, plain, &log);
+    // one request on a fresh connection; the answer's code and payload
+    let ask = |cert: Option<(&PathBuf, &PathBuf)>, req: &[u8]| {
+        use tungstenite::client::IntoClientRequest;
+        let tls = mintgate_gateway::coap_tcp::client_tls_config(
+            &pki.ca,
+            cert.map(|(c, k)| (c.as_path(), k.as_path())),
+        )
+        .unwrap();
+        let mut tls = (*tls).clone();
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let conn = rustls::ClientConnection::new(
+            std::sync::Arc::new(tls),
+            "localhost".try_into().unwrap(),
+        )
+        .unwrap();
+        let tcp = std::net::TcpStream::connect(("127.0.0.1", ws)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = format!("wss://localhost:{ws}/.well-known/coap")
+            .into_client_request()
+            .unwrap();
+        r.headers_mut()
+            .insert("sec-websocket-protocol", "coap".parse().unwrap());
+        let (mut c, _) =
+            tungstenite::client(r, rustls::StreamOwned::new(conn, tcp)).expect("upgrade");
+        let mut csm = Vec::new();
+        Signal::Csm {
+            max_message_size: None,
+            block_wise: false,
+        }
+        .emit_vec(Framing::WebSocket, &[], &mut csm);
+        c.send(tungstenite::Message::binary(csm)).unwrap();
+        c.send(tungstenite::Message::binary(req.to_vec())).unwrap();
+        loop {
+            if let tungstenite::Message::Binary(m) = c.read().expect("an answer") {
+                let p = TcpPacket::new_checked(&m[..], Framing::WebSocket).unwrap();
+                if p.code() != Code::CSM {
+                    return (p.code(), p.payload().to_vec());
+                }
+            }
+        }
+    };
+    let get = [&[0x01, Code::GET.0, b't', 0xB7][..], b"request"].concat();
+    assert_eq!(ask(None, &get), (Code::CONTENT, b"hello world".to_vec()));
+    let put = [&[0x01, Code::PUT.0, b't', 0xB4][..], b"echo\xFFhi"].concat();
+    assert_eq!(ask(None, &put).0, Code::UNAUTHORIZED, "no certificate");
+    let cert = (&pki.client_cert, &pki.client_key);
+    assert_eq!(ask(Some(cert), &put).0, Code::CHANGED, "the CA's client");
+    drop(p);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -18,6 +18,16 @@
 //! one that stalls a frame (no CSM within the frame timeout). A verified
 //! client certificate's common name is the requests' identity, as a DTLS
 //! one is over coaps.
+//!
+//! `coap+ws` (RFC 8323 section 4: CoAP over WebSockets, `coap.ws_bind`)
+//! shares all of this: the accept loop, the connection bounds, the
+//! timeouts and the counters. A connection first completes an HTTP/1.1
+//! upgrade (tungstenite's sync handshake) for the path `/.well-known/coap`
+//! with the subprotocol `coap` (RFC 8323 4.3; anything else gets 404 or
+//! 400), within `tcp_frame_timeout_ms` and [`WS_MAX_HANDSHAKE`] bytes;
+//! then each binary WebSocket message is one CoAP message without the
+//! length field, held to our Max-Message-Size by tungstenite's own message
+//! and frame limits. `coaps+ws` (`coaps.ws_bind`) is the same over TLS.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -28,10 +38,39 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mintgate_coap::server::source::Source;
-use mintgate_coap::server::tcp::{Closed, Connection, ConnectionConfig};
+use mintgate_coap::server::tcp::{AbortReason, Closed, Connection, ConnectionConfig};
 use mintgate_coap::server::{Answer, Request};
+use mintgate_coap::wire::tcp::FrameError;
 use mintgate_coap::wire::Framing;
 use parking_lot::Mutex;
+
+/// Bytes a WebSocket client may send before its upgrade is complete (the
+/// HTTP request and anything it sends before our answer).
+pub const WS_MAX_HANDSHAKE: usize = 16 * 1024;
+
+/// What a listener speaks.
+#[derive(Clone)]
+pub enum Transport {
+    /// `coap+tcp`.
+    Tcp,
+    /// `coaps+tcp`: TLS with this configuration.
+    Tls(Arc<rustls::ServerConfig>),
+    /// `coap+ws`: WebSockets at `/.well-known/coap`.
+    Ws,
+    /// `coaps+ws`: WebSockets over TLS with this configuration.
+    Wss(Arc<rustls::ServerConfig>),
+}
+
+impl Transport {
+    fn name(&self) -> &'static str {
+        match self {
+            Transport::Tcp => "coap-tcp",
+            Transport::Tls(_) => "coaps-tcp",
+            Transport::Ws => "coap-ws",
+            Transport::Wss(_) => "coaps-ws",
+        }
+    }
+}
 
 /// Answers one request (in RFC 7252 form) with at most the given payload.
 pub type Serve = Arc<dyn Fn(&Request<'_>, usize) -> Answer + Send + Sync>;
@@ -74,10 +113,10 @@ impl TcpStats {
         crate::metrics::write_families(
             out,
             &[
-                ("mintgate_coap_tcp_connections", "CoAP-over-TCP connections open.", v(&self.open)),
+                ("mintgate_coap_tcp_connections", "CoAP-over-TCP and -WebSocket connections open (coap+tcp, coaps+tcp, coap+ws, coaps+ws).", v(&self.open)),
                 ("mintgate_coap_tcp_accepted_total", "CoAP-over-TCP connections accepted.", v(&self.accepted)),
                 ("mintgate_coap_tcp_refused_total", "CoAP-over-TCP connections closed at once (over tcp_max_connections or tcp_max_per_source).", v(&self.refused)),
-                ("mintgate_coap_tcp_aborted_total", "CoAP-over-TCP connections aborted (malformed frame, frame over Max-Message-Size, no CSM first, bad CSM, stalled frame).", v(&self.aborted)),
+                ("mintgate_coap_tcp_aborted_total", "CoAP-over-TCP connections aborted (malformed frame, frame over Max-Message-Size, no CSM first, bad CSM, stalled frame; over WebSockets also an upgrade refused or not completed in time).", v(&self.aborted)),
                 ("mintgate_coap_tcp_requests_total", "Requests answered over CoAP over TCP.", v(&self.requests)),
             ],
         );
@@ -94,8 +133,7 @@ pub struct TcpServer {
 
 struct Shared {
     settings: TcpSettings,
-    /// `coaps+tcp`: the TLS server configuration.
-    tls: Option<Arc<rustls::ServerConfig>>,
+    transport: Transport,
     serve: Serve,
     stop: Arc<AtomicBool>,
     stats: Arc<TcpStats>,
@@ -104,12 +142,12 @@ struct Shared {
 }
 
 impl TcpServer {
-    /// Binds every address and starts the accept threads; with `tls`, the
-    /// listeners speak `coaps+tcp`.
+    /// Binds every address and starts the accept threads, speaking
+    /// `transport`.
     pub fn start(
         binds: &[SocketAddr],
         settings: TcpSettings,
-        tls: Option<Arc<rustls::ServerConfig>>,
+        transport: Transport,
         serve: Serve,
         stats: Arc<TcpStats>,
     ) -> io::Result<TcpServer> {
@@ -126,14 +164,10 @@ impl TcpServer {
             .map(|l| l.local_addr())
             .collect::<io::Result<Vec<_>>>()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let scheme = if tls.is_some() {
-            "coaps-tcp"
-        } else {
-            "coap-tcp"
-        };
+        let scheme = transport.name();
         let sh = Arc::new(Shared {
             settings,
-            tls,
+            transport,
             serve,
             stop: stop.clone(),
             stats: stats.clone(),
@@ -206,7 +240,7 @@ fn accept_loop(sh: &Arc<Shared>, l: TcpListener) {
                 };
                 let sh2 = sh.clone();
                 match std::thread::Builder::new()
-                    .name("coap-tcp-conn".into())
+                    .name(format!("{}-conn", sh.transport.name()))
                     .spawn(move || {
                         let _slot = slot;
                         serve_connection(&sh2, s, peer);
@@ -286,21 +320,30 @@ fn serve_connection(sh: &Shared, s: TcpStream, peer: SocketAddr) {
     {
         return;
     }
-    match &sh.tls {
-        None => run(sh, s, peer, |_| None),
-        Some(cfg) => {
-            let Ok(conn) = rustls::ServerConnection::new(cfg.clone()) else {
-                return;
-            };
-            let tls = rustls::StreamOwned::new(conn, s);
-            run(sh, tls, peer, |t: &rustls::StreamOwned<_, TcpStream>| {
-                t.conn
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .and_then(|c| common_name(c.as_ref()))
-            });
+    match &sh.transport {
+        Transport::Tcp => run(sh, s, peer, |_| None),
+        Transport::Ws => run_ws(sh, s, peer, |_| None),
+        Transport::Tls(cfg) => {
+            if let Ok(conn) = rustls::ServerConnection::new(cfg.clone()) {
+                run(sh, TlsStream::new(conn, s), peer, tls_identity);
+            }
+        }
+        Transport::Wss(cfg) => {
+            if let Ok(conn) = rustls::ServerConnection::new(cfg.clone()) {
+                run_ws(sh, TlsStream::new(conn, s), peer, tls_identity);
+            }
         }
     }
+}
+
+type TlsStream = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
+
+/// Who a TLS peer proved to be: its verified certificate's common name.
+fn tls_identity(t: &TlsStream) -> Option<String> {
+    t.conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| common_name(c.as_ref()))
 }
 
 /// The common name of a DER certificate (the subject when it has none).
@@ -327,12 +370,58 @@ impl Shut for TcpStream {
     }
 }
 
-impl Shut for rustls::StreamOwned<rustls::ServerConnection, TcpStream> {
+impl Shut for TlsStream {
     fn shut(&mut self) {
         self.conn.send_close_notify();
         let _ = self.conn.complete_io(&mut self.sock);
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
+}
+
+/// Hands `c` what came in (`input` calls the connection with the serve
+/// function), answering its requests as the peer `who`, and counts them.
+fn feed(
+    sh: &Shared,
+    c: &mut Connection,
+    who: Option<&str>,
+    input: impl FnOnce(&mut Connection, &mut dyn FnMut(&Request<'_>, usize) -> Answer),
+) {
+    let serve = &*sh.serve;
+    let before = c.stats().requests;
+    input(c, &mut |r, max| {
+        let r = Request {
+            peer: r.peer,
+            packet: r.packet,
+            identity: r.identity.or(who),
+        };
+        serve(&r, max)
+    });
+    sh.stats
+        .requests
+        .fetch_add(c.stats().requests - before, Relaxed);
+}
+
+/// A read that timed out: the connection's timers and the idle bound.
+fn tick(sh: &Shared, c: &mut Connection, now: Instant, last: Instant) {
+    c.handle_timeout(now);
+    if now.duration_since(last) >= sh.settings.idle_timeout {
+        c.release();
+    }
+}
+
+/// Counts a connection that ended in our Abort.
+fn count_end(sh: &Shared, c: &Connection, peer: SocketAddr) {
+    if let Some(Closed::Aborted(why)) = c.closed() {
+        sh.stats.aborted.fetch_add(1, Relaxed);
+        tracing::debug!(%peer, ?why, "coap over tcp/ws connection aborted");
+    }
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 /// The connection's loop over stream `s`; `identity` says who the peer
@@ -348,7 +437,6 @@ fn run<S: Read + Write + Shut>(
     let mut c = Connection::new(Framing::Stream, peer, set.connection.clone());
     let mut buf = vec![0u8; 4096];
     let mut last = Instant::now();
-    let serve = &*sh.serve;
     let mut who: Option<String> = None;
     let mut ok = flush(&mut s, &mut c);
     while ok && c.closed().is_none() {
@@ -364,30 +452,11 @@ fn run<S: Read + Write + Shut>(
                 if who.is_none() {
                     who = identity(&s);
                 }
-                let before = c.stats().requests;
-                c.receive(now, &buf[..n], &mut |r, max| {
-                    let r = Request {
-                        peer: r.peer,
-                        packet: r.packet,
-                        identity: r.identity.or(who.as_deref()),
-                    };
-                    serve(&r, max)
+                feed(sh, &mut c, who.as_deref(), |c, serve| {
+                    c.receive(now, &buf[..n], serve)
                 });
-                sh.stats
-                    .requests
-                    .fetch_add(c.stats().requests - before, Relaxed);
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                c.handle_timeout(now);
-                if now.duration_since(last) >= set.idle_timeout {
-                    c.release();
-                }
-            }
+            Err(e) if would_block(&e) => tick(sh, &mut c, now, last),
             Err(e) => {
                 tracing::debug!(%peer, error = %e, "coap over tcp/tls: read");
                 break;
@@ -398,11 +467,199 @@ fn run<S: Read + Write + Shut>(
     if ok {
         flush(&mut s, &mut c);
     }
-    if let Some(Closed::Aborted(why)) = c.closed() {
-        sh.stats.aborted.fetch_add(1, Relaxed);
-        tracing::debug!(%peer, ?why, "coap+tcp connection aborted");
-    }
+    count_end(sh, &c, peer);
     s.shut();
+}
+
+/// A stream that counts the bytes read and refuses to read past `budget`
+/// (the WebSocket upgrade's size bound).
+struct Metered<S> {
+    inner: S,
+    read: u64,
+    budget: u64,
+}
+
+impl<S: Read> Read for Metered<S> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        let room = self.budget.saturating_sub(self.read);
+        if room == 0 {
+            return Err(io::Error::other("WebSocket upgrade request too large"));
+        }
+        let take = b.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut b[..take])?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+impl<S: Write> Write for Metered<S> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.inner.write(b)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The upgrade check of RFC 8323 4.3: the well-known path and the `coap`
+/// subprotocol, which the answer then names.
+// the shape of tungstenite's handshake Callback, called once per upgrade
+#[allow(clippy::result_large_err)]
+fn ws_upgrade(
+    req: &tungstenite::handshake::server::Request,
+    mut resp: tungstenite::handshake::server::Response,
+) -> Result<tungstenite::handshake::server::Response, tungstenite::handshake::server::ErrorResponse>
+{
+    use tungstenite::http::{HeaderValue, Response, StatusCode};
+    let refuse = |code: StatusCode, why: &str| {
+        let mut r = Response::new(Some(format!("{why}\n")));
+        *r.status_mut() = code;
+        r
+    };
+    if req.uri().path() != "/.well-known/coap" {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            "CoAP over WebSockets is at /.well-known/coap",
+        ));
+    }
+    let coap = req
+        .headers()
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim() == "coap");
+    if !coap {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "the WebSocket subprotocol coap is required (RFC 8323 4.3)",
+        ));
+    }
+    resp.headers_mut()
+        .insert("sec-websocket-protocol", HeaderValue::from_static("coap"));
+    Ok(resp)
+}
+
+/// Sends each whole message the connection has as one binary WebSocket
+/// message; false when the peer does not take them.
+fn send_ws<S: Read + Write>(ws: &mut tungstenite::WebSocket<S>, c: &mut Connection) -> bool {
+    while let Some(m) = c.next_message() {
+        let n = m.len();
+        let sent = ws.send(tungstenite::Message::binary(m.to_vec()));
+        c.consume_output(n);
+        if sent.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The loop of a `coap+ws` connection over stream `s`: the upgrade
+/// (bounded in time and bytes), then one CoAP message per binary
+/// WebSocket message.
+fn run_ws<S: Read + Write + Shut>(
+    sh: &Shared,
+    s: S,
+    peer: SocketAddr,
+    identity: impl Fn(&S) -> Option<String>,
+) {
+    use tungstenite::handshake::HandshakeError;
+    use tungstenite::{Error as WsError, Message};
+    let set = &sh.settings;
+    let max = set.connection.max_message_size as usize;
+    let cfg = tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .write_buffer_size(0)
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max));
+    let deadline = Instant::now() + set.connection.frame_timeout;
+    let metered = Metered {
+        inner: s,
+        read: 0,
+        budget: WS_MAX_HANDSHAKE as u64,
+    };
+    let mut hs = tungstenite::accept_hdr_with_config(metered, ws_upgrade, Some(cfg));
+    let mut ws = loop {
+        match hs {
+            Ok(ws) => break ws,
+            Err(HandshakeError::Interrupted(mut mid)) => {
+                if Instant::now() >= deadline || sh.stop.load(Relaxed) {
+                    // a stalled upgrade: dropped like a stalled frame
+                    sh.stats.aborted.fetch_add(1, Relaxed);
+                    mid.get_mut().get_mut().inner.shut();
+                    return;
+                }
+                hs = mid.handshake();
+            }
+            Err(HandshakeError::Failure(e)) => {
+                tracing::debug!(%peer, error = %e, "coap+ws upgrade refused");
+                sh.stats.aborted.fetch_add(1, Relaxed);
+                return;
+            }
+        }
+    };
+    ws.get_mut().budget = u64::MAX;
+    let who = identity(&ws.get_ref().inner);
+    let mut c = Connection::new(Framing::WebSocket, peer, set.connection.clone());
+    let mut last = Instant::now();
+    // bytes read since the last whole message, and since when: a message
+    // begun and not finished within the frame timeout is aborted
+    let (mut at_msg, mut partial_since) = (ws.get_ref().read, None::<Instant>);
+    let mut ok = send_ws(&mut ws, &mut c);
+    while ok && c.closed().is_none() {
+        if sh.stop.load(Relaxed) {
+            c.release();
+            break;
+        }
+        let now = Instant::now();
+        let r = ws.read();
+        if !matches!(&r, Err(WsError::Io(e)) if would_block(e)) {
+            at_msg = ws.get_ref().read;
+            partial_since = None;
+        }
+        match r {
+            Ok(Message::Binary(m)) => {
+                last = now;
+                feed(sh, &mut c, who.as_deref(), |c, serve| {
+                    c.receive_message(&m, serve)
+                });
+            }
+            Ok(Message::Text(_)) => {
+                // RFC 8323 4.4: CoAP travels in binary messages only
+                c.abort(AbortReason::Malformed(FrameError::WebSocketLength));
+            }
+            Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => last = now,
+            Ok(Message::Close(_)) => break,
+            Err(WsError::Io(e)) if would_block(&e) => {
+                if ws.get_ref().read > at_msg {
+                    let since = *partial_since.get_or_insert(now);
+                    if now.duration_since(since) >= set.connection.frame_timeout {
+                        c.abort(AbortReason::Stalled);
+                    }
+                }
+                tick(sh, &mut c, now, last);
+            }
+            Err(WsError::Capacity(_)) => c.abort(AbortReason::TooLarge),
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "coap+ws: read");
+                if matches!(
+                    e,
+                    WsError::Protocol(_) | WsError::Utf8 | WsError::AttackAttempt
+                ) {
+                    sh.stats.aborted.fetch_add(1, Relaxed);
+                }
+                break;
+            }
+        }
+        ok = send_ws(&mut ws, &mut c);
+    }
+    if ok {
+        send_ws(&mut ws, &mut c);
+        let _ = ws.close(None);
+        let _ = ws.flush();
+    }
+    count_end(sh, &c, peer);
+    ws.get_mut().inner.shut();
 }
 
 /// The TLS configuration of the `coaps+tcp` listeners: `chain` and `key`

@@ -1027,6 +1027,10 @@ pub struct CoapConfig {
     /// TCP addresses to serve CoAP over TCP on (RFC 8323, `coap+tcp`);
     /// empty (the default) serves none. The usual port is 5683/tcp.
     pub tcp_bind: Vec<SocketAddr>,
+    /// TCP addresses to serve CoAP over WebSockets on (RFC 8323 section 4,
+    /// `coap+ws`, path `/.well-known/coap`, subprotocol `coap`); empty (the
+    /// default) serves none. The `tcp_*` limits below apply to it too.
+    pub ws_bind: Vec<SocketAddr>,
     /// CoAP-over-TCP connections open at once, all clients together;
     /// beyond, a new connection is closed at once.
     pub tcp_max_connections: usize,
@@ -1077,6 +1081,7 @@ impl Default for CoapConfig {
             block1_per_source_bytes: 256 << 10,
             block1_timeout_s: 60,
             tcp_bind: Vec::new(),
+            ws_bind: Vec::new(),
             tcp_max_connections: 256,
             tcp_max_per_source: 16,
             tcp_max_message_size: 8192,
@@ -1462,6 +1467,7 @@ impl Config {
         if self.access.write == crate::access::WriteMode::Dtls
             && !self.coaps.enabled()
             && self.coaps.tcp_bind.is_empty()
+            && self.coaps.ws_bind.is_empty()
         {
             return Err(ConfigError::Value {
                 key: "access.write",
@@ -1801,6 +1807,8 @@ bearer_tokens = ["s3cret-bearer"]
                 "[coap]\ntcp_idle_timeout_s = 0\n",
                 "coap.tcp_idle_timeout_s",
             ),
+            // coaps+ws without a certificate: TLS here has no PSK
+            ("[coaps]\nws_bind = [\"127.0.0.1:1\"]\n", "coaps.ws_bind"),
         ] {
             let e = Config::from_toml(toml).unwrap_err().to_string();
             assert!(e.contains(key), "{toml}: {e}");

@@ -27,6 +27,10 @@ pub struct CoapsSection {
     /// certificate (`client_ca`, `require_client_cert`) settings below,
     /// the connection limits of `[coap]` (`tcp_*`).
     pub tcp_bind: Vec<SocketAddr>,
+    /// TCP addresses to serve `coaps+ws` on (RFC 8323 section 4: CoAP over
+    /// WebSockets over TLS, path `/.well-known/coap`, ALPN `http/1.1`):
+    /// the same certificate settings and `[coap]` limits as `tcp_bind`.
+    pub ws_bind: Vec<SocketAddr>,
     /// PSK identity of the pre-shared key `psk_key`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub psk_identity: Option<String>,
@@ -64,6 +68,7 @@ impl Default for CoapsSection {
         CoapsSection {
             bind: Vec::new(),
             tcp_bind: Vec::new(),
+            ws_bind: Vec::new(),
             psk_identity: None,
             psk_key: None,
             psk_keys: BTreeMap::new(),
@@ -101,6 +106,17 @@ impl CoapsSection {
             self.client_ca.as_deref(),
             self.require_client_cert,
         )
+    }
+
+    /// The TLS configuration of the `coaps+ws` listeners: as `coaps+tcp`'s,
+    /// with ALPN `http/1.1` (the WebSocket upgrade is HTTP/1.1).
+    pub fn ws_tls(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, String> {
+        let mut c = (*self
+            .tcp_tls()
+            .map_err(|e| e.replace("tcp_bind", "ws_bind"))?)
+        .clone();
+        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(std::sync::Arc::new(c))
     }
 
     /// The DTLS server settings; checks every key.
@@ -155,6 +171,9 @@ impl CoapsSection {
         }
         if !self.tcp_bind.is_empty() {
             self.tcp_tls().map_err(|e| v("coaps.tcp_bind", e))?;
+        }
+        if !self.ws_bind.is_empty() {
+            self.ws_tls().map_err(|e| v("coaps.ws_bind", e))?;
         }
         if self.enabled() && psk.is_empty() && self.cert.is_none() {
             return Err(v(

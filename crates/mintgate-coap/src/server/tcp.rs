@@ -121,6 +121,9 @@ pub struct Connection {
     cfg: ConnectionConfig,
     inbuf: Vec<u8>,
     out: Vec<u8>,
+    /// Where each message in `out` ends (WebSocket framing has no length
+    /// field, so the boundaries are kept beside the bytes).
+    ends: Vec<usize>,
     scratch: Vec<u8>,
     peer_max: u32,
     peer_csm: bool,
@@ -143,6 +146,7 @@ impl Connection {
             peer,
             cfg,
             inbuf: Vec::new(),
+            ends: vec![out.len()],
             out,
             scratch: Vec::new(),
             peer_max: DEFAULT_MAX_MESSAGE_SIZE,
@@ -184,9 +188,29 @@ impl Connection {
         &self.out
     }
 
+    /// The first whole message of the output (over WebSockets, one binary
+    /// WebSocket message); [`Connection::consume_output`] its length once
+    /// sent.
+    pub fn next_message(&self) -> Option<&[u8]> {
+        self.ends.first().map(|&e| &self.out[..e])
+    }
+
     /// Drops the first `n` bytes of the output, written.
     pub fn consume_output(&mut self, n: usize) {
-        self.out.drain(..n.min(self.out.len()));
+        let n = n.min(self.out.len());
+        self.out.drain(..n);
+        self.ends.retain_mut(|e| {
+            *e = e.saturating_sub(n);
+            *e > 0
+        });
+    }
+
+    /// Marks the end of a message appended to the output.
+    fn end_message(&mut self) {
+        let at = self.out.len();
+        if at > 0 && self.ends.last() != Some(&at) {
+            self.ends.push(at);
+        }
     }
 
     /// Whether a frame has begun and not yet ended.
@@ -275,13 +299,19 @@ impl Connection {
                 hold_off: None,
             }
             .emit_vec(self.framing, &[], &mut self.out);
+            self.end_message();
             self.inbuf.clear();
             self.partial_since = None;
             self.closed = Some(Closed::Released);
         }
     }
 
-    fn abort(&mut self, why: AbortReason) {
+    /// Sends an Abort and ends the connection (also for the transport's
+    /// own reasons: a WebSocket message over Max-Message-Size or stalled).
+    pub fn abort(&mut self, why: AbortReason) {
+        if self.closed.is_some() {
+            return;
+        }
         let bad_csm_option = match why {
             AbortReason::BadSignal(SignalError::UnknownCritical(n) | SignalError::BadValue(n)) => {
                 Some(n.0)
@@ -293,6 +323,7 @@ impl Connection {
             diagnostic: why.text().as_bytes(),
         }
         .emit_vec(self.framing, &[], &mut self.out);
+        self.end_message();
         self.inbuf.clear();
         self.partial_since = None;
         self.closed = Some(Closed::Aborted(why));
@@ -349,6 +380,7 @@ impl Connection {
                     self.out.truncate(at);
                     self.simple(Code::INTERNAL_SERVER_ERROR, token);
                 }
+                self.end_message();
             }
             Answer::Exhausted => self.simple(Code::SERVICE_UNAVAILABLE, token),
             Answer::Silent => return,
@@ -365,6 +397,7 @@ impl Connection {
             payload: &[],
         };
         let _ = r.emit_vec(self.framing, &mut self.out);
+        self.end_message();
     }
 
     fn signal(&mut self, p: &TcpPacket<&[u8]>) {
@@ -388,6 +421,7 @@ impl Connection {
                 // every earlier message is processed already: custody is
                 // given when asked for
                 Signal::Pong { custody }.emit_vec(self.framing, p.token(), &mut self.out);
+                self.end_message();
             }
             Signal::Pong { .. } => self.stats.ignored += 1,
             Signal::Release { .. } => self.closed = Some(Closed::PeerRelease),

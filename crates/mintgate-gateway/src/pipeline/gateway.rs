@@ -41,6 +41,10 @@ pub struct Gateway {
     tcp: Option<crate::coap_tcp::TcpServer>,
     /// `coaps+tcp` (`coaps.tcp_bind`).
     tls_tcp: Option<crate::coap_tcp::TcpServer>,
+    /// `coap+ws` (`coap.ws_bind`).
+    ws: Option<crate::coap_tcp::TcpServer>,
+    /// `coaps+ws` (`coaps.ws_bind`).
+    tls_ws: Option<crate::coap_tcp::TcpServer>,
 }
 
 impl Gateway {
@@ -101,8 +105,15 @@ impl Gateway {
             started: Instant::now(),
             access: crate::access::AccessPolicy::new(cfg.access.clone()),
             dashboard_refused: Default::default(),
-            tcp_stats: (!cfg.coap.tcp_bind.is_empty() || !cfg.coaps.tcp_bind.is_empty())
-                .then(Arc::default),
+            tcp_stats: [
+                &cfg.coap.tcp_bind,
+                &cfg.coap.ws_bind,
+                &cfg.coaps.tcp_bind,
+                &cfg.coaps.ws_bind,
+            ]
+            .iter()
+            .any(|b| !b.is_empty())
+            .then(Arc::default),
             oscore,
             health: crate::health::Health::new(thread_names),
             cfg,
@@ -184,7 +195,7 @@ impl Gateway {
                 .name("coap-notify".into())
                 .spawn(move || fatal_on_panic("notifier", || notify_loop(&sh)))?,
         );
-        let (mut tcp, mut tls_tcp) = (None, None);
+        let (mut tcp, mut tls_tcp, mut ws, mut tls_ws) = (None, None, None, None);
         if let Some(stats) = &shared.tcp_stats {
             let c = &shared.cfg.coap;
             let settings = crate::coap_tcp::TcpSettings {
@@ -200,11 +211,12 @@ impl Gateway {
             let sh = shared.clone();
             let serve: crate::coap_tcp::Serve =
                 Arc::new(move |req: &Request<'_>, _max| serve_reliable(&sh, req));
-            let start = |binds: &[SocketAddr], tls| {
+            use crate::coap_tcp::Transport;
+            let start = |binds: &[SocketAddr], transport| {
                 crate::coap_tcp::TcpServer::start(
                     binds,
                     settings.clone(),
-                    tls,
+                    transport,
                     serve.clone(),
                     stats.clone(),
                 )
@@ -214,12 +226,19 @@ impl Gateway {
                 })
             };
             if !c.tcp_bind.is_empty() {
-                tcp = Some(start(&c.tcp_bind, None)?);
+                tcp = Some(start(&c.tcp_bind, Transport::Tcp)?);
+            }
+            if !c.ws_bind.is_empty() {
+                ws = Some(start(&c.ws_bind, Transport::Ws)?);
             }
             let s = &shared.cfg.coaps;
             if !s.tcp_bind.is_empty() {
                 let tls = s.tcp_tls().map_err(StartError::Tls)?;
-                tls_tcp = Some(start(&s.tcp_bind, Some(tls))?);
+                tls_tcp = Some(start(&s.tcp_bind, Transport::Tls(tls))?);
+            }
+            if !s.ws_bind.is_empty() {
+                let tls = s.ws_tls().map_err(StartError::Tls)?;
+                tls_ws = Some(start(&s.ws_bind, Transport::Wss(tls))?);
             }
         }
         let sh = shared.clone();
@@ -238,24 +257,30 @@ impl Gateway {
             observer,
             tcp,
             tls_tcp,
+            ws,
+            tls_ws,
         })
     }
 
     /// The bound CoAP-over-TCP addresses (`coap.tcp_bind`, with the ports
     /// the OS chose for `:0`).
     pub fn tcp_addrs(&self) -> Vec<SocketAddr> {
-        self.tcp
-            .as_ref()
-            .map(|t| t.local_addrs().to_vec())
-            .unwrap_or_default()
+        addrs_of(&self.tcp)
     }
 
     /// The bound `coaps+tcp` addresses (`coaps.tcp_bind`).
     pub fn tls_tcp_addrs(&self) -> Vec<SocketAddr> {
-        self.tls_tcp
-            .as_ref()
-            .map(|t| t.local_addrs().to_vec())
-            .unwrap_or_default()
+        addrs_of(&self.tls_tcp)
+    }
+
+    /// The bound `coap+ws` addresses (`coap.ws_bind`).
+    pub fn ws_addrs(&self) -> Vec<SocketAddr> {
+        addrs_of(&self.ws)
+    }
+
+    /// The bound `coaps+ws` addresses (`coaps.ws_bind`).
+    pub fn tls_ws_addrs(&self) -> Vec<SocketAddr> {
+        addrs_of(&self.tls_ws)
     }
 
     /// The bound listener addresses (with the ports the OS chose for `:0`).
@@ -413,7 +438,15 @@ impl Gateway {
     }
 
     fn stop(&mut self) {
-        for mut t in [self.tcp.take(), self.tls_tcp.take()].into_iter().flatten() {
+        for mut t in [
+            self.tcp.take(),
+            self.tls_tcp.take(),
+            self.ws.take(),
+            self.tls_ws.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             t.stop();
         }
         self.shared.stop.store(true, Relaxed);
@@ -563,4 +596,11 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The bound addresses of a TCP listener kind, none when it is off.
+fn addrs_of(t: &Option<crate::coap_tcp::TcpServer>) -> Vec<SocketAddr> {
+    t.as_ref()
+        .map(|t| t.local_addrs().to_vec())
+        .unwrap_or_default()
 }

@@ -320,13 +320,7 @@ fn websocket_messages_are_one_frame_each() {
     let mut ours = c.output().to_vec();
     assert_eq!(ours[0] >> 4, 0, "Len 0 over WebSockets");
     c.consume_output(ours.len());
-    let mut csm = Vec::new();
-    Signal::Csm {
-        max_message_size: None,
-        block_wise: false,
-    }
-    .emit_vec(Framing::WebSocket, &[], &mut csm);
-    c.receive_message(&csm, &mut serve);
+    c.receive_message(&ws_csm(), &mut serve);
     let get = TcpRepr {
         code: Code::GET,
         token: b"w",
@@ -345,4 +339,57 @@ fn websocket_messages_are_one_frame_each() {
         (p.code(), p.payload()),
         (Code::CONTENT, &b"hello world"[..])
     );
+}
+
+#[test]
+fn websocket_output_keeps_each_message_apart() {
+    // nothing written between them: the CSM, a Pong and an answer queue up,
+    // and each must leave as its own WebSocket message
+    let mut c = Connection::new(Framing::WebSocket, peer(), ConnectionConfig::default());
+    let (router, pool) = (router(), pool());
+    let mut serve = |req: &Request<'_>, max: usize| handle_request(&router, &pool, req, 0, max);
+    c.receive_message(&ws_csm(), &mut serve);
+    let mut m = Vec::new();
+    Signal::Ping { custody: false }.emit_vec(Framing::WebSocket, b"p", &mut m);
+    c.receive_message(&m, &mut serve);
+    m.clear();
+    TcpRepr {
+        code: Code::GET,
+        token: b"w",
+        options: vec![RawOption {
+            number: OptionNumber::URI_PATH,
+            value: b"request",
+        }],
+        payload: &[],
+    }
+    .emit_vec(Framing::WebSocket, &mut m)
+    .unwrap();
+    c.receive_message(&m, &mut serve);
+    let mut codes = Vec::new();
+    while let Some(msg) = c.next_message() {
+        let msg = msg.to_vec();
+        let p = TcpPacket::new_checked(&msg[..], Framing::WebSocket).unwrap();
+        codes.push((p.code(), p.token().to_vec()));
+        c.consume_output(msg.len());
+    }
+    assert_eq!(
+        codes,
+        vec![
+            (Code::CSM, vec![]),
+            (Code::PONG, b"p".to_vec()),
+            (Code::CONTENT, b"w".to_vec())
+        ]
+    );
+    assert!(c.output().is_empty());
+}
+
+/// A client's CSM in WebSocket framing (no options).
+fn ws_csm() -> Vec<u8> {
+    let mut v = Vec::new();
+    Signal::Csm {
+        max_message_size: None,
+        block_wise: false,
+    }
+    .emit_vec(Framing::WebSocket, &[], &mut v);
+    v
 }
