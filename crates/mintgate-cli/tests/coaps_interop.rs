@@ -829,6 +829,17 @@ fn coaps_over_websockets_with_certificates() {
             .expect("start mintgate serve"),
     );
     wait_up(&mut p, plain, &log);
+    // the UDP endpoint may answer before the wss listener is bound: wait
+    // for it too (a first run once met "connection refused" here)
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", ws)).is_err() {
+        assert!(
+            std::time::Instant::now() < end,
+            "no wss listener on {ws}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // one request on a fresh connection; the answer's code and payload
     let ask = |cert: Option<(&PathBuf, &PathBuf)>, req: &[u8]| {
         use tungstenite::client::IntoClientRequest;
