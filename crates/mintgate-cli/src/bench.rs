@@ -55,7 +55,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     timeout: Duration,
     /// Load-generator threads, each owning a share of the clients.
-    #[arg(long, default_value_t = 1, value_parser = crate::lab::at_least::<1>)]
+    #[arg(long, default_value_t = 1, value_parser = crate::common::at_least::<1>)]
     threads: usize,
     /// Closed loop: send each client's window as one UDP GSO train, so its
     /// requests land in the server's socket back to back (burst arrivals)

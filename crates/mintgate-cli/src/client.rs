@@ -20,11 +20,13 @@ use mintgate_coap::client::blockwise::BlockConfig;
 use mintgate_coap::client::tcp::ClientConnection;
 use mintgate_coap::client::{ClientConfig, Request};
 use mintgate_coap::rto::{Adaptive, Basic, Cocoa, RtoController, TransmissionParams};
-use mintgate_coap::uri::{CoapUri, Host, Scheme};
+use mintgate_coap::uri::{Host, Scheme};
 use mintgate_coap::wire::{
     decode_uint, encode_uint, Code, ContentFormat, OptionDef, OptionFormat, OptionNumber,
 };
 use mintgate_gateway::outbound::{Outbound, OutboundError, Source};
+
+use crate::common::{json_string, resolve};
 
 /// The `--help` text on exit codes; [`run`] returns exactly these.
 const EXIT_CODES: &str = "\
@@ -872,16 +874,6 @@ fn tcp_requests(
     Ok(status)
 }
 
-/// Parses a `coap://` URI for a command ([`mintgate_coap::uri::parse`]).
-pub(crate) fn parse_uri(s: &str) -> anyhow::Result<CoapUri> {
-    mintgate_coap::uri::parse(s).with_context(|| format!("bad URI '{s}'"))
-}
-
-/// The socket address of the URI's host (the first one a name resolves to).
-pub(crate) fn resolve(uri: &CoapUri) -> anyhow::Result<SocketAddr> {
-    Ok(mintgate_gateway::observe_client::resolve(uri)?)
-}
-
 /// The value of one hex digit.
 fn hex_digit(c: Option<&u8>) -> Option<u8> {
     c.and_then(|c| (*c as char).to_digit(16)).map(|d| d as u8)
@@ -1071,12 +1063,6 @@ fn json_response<V: AsRef<[u8]>>(
     }
     j.push('}');
     j
-}
-
-/// `s` as a JSON string literal (serde_json's escaping, the one the
-/// program uses everywhere).
-pub(crate) fn json_string(s: &str) -> String {
-    serde_json::Value::from(s).to_string()
 }
 
 /// `1.234 ms`, `2.5 s`.

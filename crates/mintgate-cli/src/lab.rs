@@ -69,7 +69,7 @@ enum Lab {
         #[command(flatten)]
         common: Common,
         /// Largest fixed pool; the lab runs 1..=N threads [default: 8, quick: 4].
-        #[arg(long, value_parser = at_least::<1>)]
+        #[arg(long, value_parser = crate::common::at_least::<1>)]
         max_threads: Option<usize>,
         /// Clients at 10 requests/s each [default: 1.25x the largest pool's
         /// nominal capacity, at most 5000].
@@ -123,10 +123,10 @@ enum Lab {
         #[arg(long)]
         broker: Option<mintgate_mqtt::BrokerUrl>,
         /// Runs per method and broker [5; quick 2].
-        #[arg(long, value_parser = at_least::<1>)]
+        #[arg(long, value_parser = crate::common::at_least::<1>)]
         runs: Option<usize>,
         /// Window of the extra windowed publish-queue method (at least 2).
-        #[arg(long, default_value_t = 16, value_parser = at_least::<2>)]
+        #[arg(long, default_value_t = 16, value_parser = crate::common::at_least::<2>)]
         window: usize,
         /// The paper's client, Eclipse Paho (Java, peers/paho, built with
         /// Maven on first use), run beside ours: with Paho's default file
@@ -137,7 +137,7 @@ enum Lab {
         /// and every broker (mintgate's TCP delay relay in front of each
         /// broker; the paper's broker and clients were three hosts): `1`
         /// (ms), `0.5ms`, `250us`. Default: bare loopback.
-        #[arg(long, default_value = "0", value_parser = crate::netem::parse_ms)]
+        #[arg(long, default_value = "0", value_parser = crate::common::parse_ms)]
         link_delay: std::time::Duration,
         /// Instead of Fig. 5: the bounded queue through a broker outage of
         /// this length (`10m`: the target case). Publishes --outage-rate
@@ -231,10 +231,10 @@ enum Lab {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Runs (seeds) per case [simulator: 10; --real: 1].
-        #[arg(long, value_parser = at_least::<1>)]
+        #[arg(long, value_parser = crate::common::at_least::<1>)]
         runs: Option<usize>,
         /// Requests per case, at least 10 (reported as 10 intervals) [1000; --real --quick: 100].
-        #[arg(long, value_parser = at_least::<10>)]
+        #[arg(long, value_parser = crate::common::at_least::<10>)]
         requests: Option<usize>,
         /// End to end over loopback UDP: an in-process gateway behind the
         /// impairment relay with the simulated chain's base RTT and loss
@@ -261,10 +261,10 @@ struct CompareArgs {
     /// Client counts, comma-separated (spaces allowed) [clients:
     /// 1,10,100,500,1000,2000,3000,5000,7500,10000, quick: 100,1000,3000,6000;
     /// blocksize: 1000..10000 by 1000, quick: 1000,5000].
-    #[arg(long, value_delimiter = ',', value_parser = at_least::<1>)]
+    #[arg(long, value_delimiter = ',', value_parser = crate::common::at_least::<1>)]
     clients: Option<Vec<usize>>,
     /// Runs per step [3; quick: 1].
-    #[arg(long, value_parser = at_least::<1>)]
+    #[arg(long, value_parser = crate::common::at_least::<1>)]
     runs: Option<usize>,
     /// Pause between steps [60s; quick: 1s].
     #[arg(long, value_parser = parse_duration)]
@@ -307,17 +307,17 @@ struct ProxyLabArgs {
     #[arg(long, default_value = "lab-out/")]
     out: PathBuf,
     /// Requests per case, at least 10 (reported as 10 intervals) [1000; quick 100].
-    #[arg(long, value_parser = at_least::<10>)]
+    #[arg(long, value_parser = crate::common::at_least::<10>)]
     requests: Option<usize>,
     /// Seed of the impairments.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Internet leg: one-way delay, each way: `20` (ms, as every link
     /// delay flag), `20ms`, `500us`.
-    #[arg(long, default_value = "20ms", value_parser = crate::netem::parse_ms)]
+    #[arg(long, default_value = "20ms", value_parser = crate::common::parse_ms)]
     internet_delay: Duration,
     /// Internet leg: uniform jitter around the delay: `2` (ms) or `2ms`.
-    #[arg(long, default_value = "2ms", value_parser = crate::netem::parse_ms)]
+    #[arg(long, default_value = "2ms", value_parser = crate::common::parse_ms)]
     internet_jitter: Duration,
     /// Internet leg: loss per packet, percent, each way.
     #[arg(long, default_value_t = 1.0)]
@@ -377,7 +377,7 @@ struct DtlsLabArgs {
     #[arg(long, default_value_t = 16, value_name = "W", value_parser = clap::value_parser!(u32).range(1..=256))]
     window: u32,
     /// Handler threads of the gateway (a fixed pool, the same for both).
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = at_least::<1>)]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = crate::common::at_least::<1>)]
     threads: usize,
     /// ClientHellos per second of the flood measurement (0 = none); the
     /// default is the target's rate.
@@ -457,14 +457,6 @@ impl Common {
             handler_cost: self.handler_cost,
             ..LabOptions::default()
         }
-    }
-}
-
-/// A count of at least `MIN`, for the flags where fewer means nothing.
-pub(crate) fn at_least<const MIN: usize>(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(n) if n >= MIN => Ok(n),
-        _ => Err(format!("'{s}' is not a whole number of at least {MIN}")),
     }
 }
 

@@ -15,6 +15,7 @@ static ALLOC: mintgate_buf::heap::CountingAlloc = mintgate_buf::heap::CountingAl
 #[cfg(feature = "labs")]
 mod bench;
 mod client;
+mod common;
 #[cfg(feature = "labs")]
 mod fleet;
 mod generate;

@@ -36,10 +36,10 @@ pub struct NetemArgs {
     #[arg(long, default_value = "0", value_parser = parse_pct)]
     loss: f64,
     /// One-way delay per direction: `40` (ms), `40ms` or `250us`.
-    #[arg(long, default_value = "0", value_parser = parse_ms)]
+    #[arg(long, default_value = "0", value_parser = crate::common::parse_ms)]
     delay: Duration,
     /// Uniform jitter around the delay: `10` (ms), `10ms` or `500us`.
-    #[arg(long, default_value = "0", value_parser = parse_ms)]
+    #[arg(long, default_value = "0", value_parser = crate::common::parse_ms)]
     jitter: Duration,
     /// Mean length of loss bursts (Gilbert-Elliott), at least 1; 1 = independent losses.
     #[arg(long, default_value_t = 1.0, value_parser = parse_burst)]
@@ -72,19 +72,6 @@ fn parse_pct(s: &str) -> Result<f64, String> {
     Ok(v / 100.0)
 }
 
-/// A link's one-way delay or jitter: a bare number is milliseconds (every
-/// link delay flag reads it so), anything else a duration with its unit.
-pub(crate) fn parse_ms(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        let v: f64 = t
-            .parse()
-            .map_err(|_| format!("`{s}`: milliseconds like 40 or 40ms"))?;
-        return mintgate_gateway::config::parse_duration(&format!("{v}ms"));
-    }
-    mintgate_gateway::config::parse_duration(t)
-}
-
 fn line(name: &str, d: &DirectionStats) -> String {
     let (r, dr, f, e) = (
         d.received.load(Relaxed),
@@ -115,7 +102,7 @@ fn run_tcp(a: NetemArgs) -> anyhow::Result<ExitCode> {
              and jitter would reorder the byte stream (drop --loss and --jitter)"
         );
     }
-    let set = crate::serve::block_signals();
+    let set = crate::common::block_signals();
     let relay = TcpRelay::start(TcpRelayConfig {
         listen: a.listen,
         forward: a.forward,
@@ -165,7 +152,7 @@ fn wait(duration: Option<Duration>, set: &libc::sigset_t, report: impl Fn()) {
             }
         }
         None => {
-            crate::serve::wait_for_signal(set, Duration::from_secs(5), report);
+            crate::common::wait_for_signal(set, Duration::from_secs(5), report);
         }
     }
 }
@@ -187,7 +174,7 @@ pub fn run(a: NetemArgs) -> anyhow::Result<ExitCode> {
         delay: a.delay,
         jitter: a.jitter,
     };
-    let set = crate::serve::block_signals();
+    let set = crate::common::block_signals();
     let relay = Relay::start(RelayConfig {
         listen: a.listen,
         forward: a.forward,

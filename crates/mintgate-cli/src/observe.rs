@@ -18,7 +18,7 @@ use anyhow::Context;
 use mintgate_coap::wire::ContentFormat;
 use mintgate_gateway::observe_client::{Observation, ObserveEvent};
 
-use crate::client::{json_string, parse_uri, resolve};
+use crate::common::{json_string, parse_uri, resolve};
 
 /// Arguments of `mintgate observe`.
 #[derive(clap::Args)]
@@ -87,13 +87,13 @@ pub fn run(a: ObserveArgs) -> anyhow::Result<ExitCode> {
     let reg_end = a.timeout.map(|d| start + d);
     // Ctrl-C (SIGINT) and SIGTERM end the observation like --count does,
     // deregistering first; they are taken between events.
-    let signals = crate::serve::block_signals();
+    let signals = crate::common::block_signals();
     let mut obs = Observation::register(dest, uri.options.clone(), a.accept)
         .with_context(|| format!("sending the registration to {dest}"))?;
     let mut count = 0u64;
     let mut out = io::stdout().lock();
     let status: u8 = loop {
-        if let Some(sig) = crate::serve::take_signal(&signals) {
+        if let Some(sig) = crate::common::take_signal(&signals) {
             // the normal end without --count or --duration; before any
             // answer, an interruption
             break if obs.answered() { 0 } else { 128 + sig as u8 };

@@ -377,7 +377,7 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
     }
     let nofile = crate::raise_nofile_limit();
     tracing::debug!(nofile, "open descriptor limit");
-    let set = crate::serve::block_signals();
+    let set = crate::common::block_signals();
     // the HTTP listener also answers /healthz and /readyz, as serve's does
     let health = mintgate_proxy::health::router(std::time::Instant::now());
     let srv = start(&s, &default_allow, &cfg.access, Some(health), &|a| {
@@ -388,7 +388,7 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
     if let Some(w) = mintgate_gateway::access::unset_warning(&cfg.access, &listeners) {
         tracing::warn!("{w}");
     }
-    let sig = crate::serve::wait_for_signal(&set, Duration::from_secs(3600), || {});
+    let sig = crate::common::wait_for_signal(&set, Duration::from_secs(3600), || {});
     let st = srv.proxy().stats();
     use std::sync::atomic::Ordering::Relaxed;
     tracing::info!(

@@ -120,51 +120,6 @@ pub struct ServeArgs {
     stats_every: Duration,
 }
 
-/// Blocks SIGINT and SIGTERM in this thread (and the threads it starts
-/// afterwards), so that `wait_for_signal` can take them synchronously.
-pub(crate) fn block_signals() -> libc::sigset_t {
-    // SAFETY: plain libc signal-set manipulation on a local set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-/// A signal of `set` that is pending now, taken; `None` if there is none
-/// (does not wait).
-pub(crate) fn take_signal(set: &libc::sigset_t) -> Option<i32> {
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: set and ts are valid; info may be null.
-    let r = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
-    (r > 0).then_some(r)
-}
-
-pub(crate) fn wait_for_signal(
-    set: &libc::sigset_t,
-    every: Duration,
-    mut tick: impl FnMut(),
-) -> i32 {
-    let ts = libc::timespec {
-        tv_sec: every.as_secs().max(1) as libc::time_t,
-        tv_nsec: 0,
-    };
-    loop {
-        // SAFETY: set and ts are valid; info may be null.
-        let r = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
-        if r > 0 {
-            return r;
-        }
-        tick();
-    }
-}
-
 /// The plain CoAP listeners (the proxy's own upstream must not be a coaps one).
 fn plain_addrs(gw: &Gateway) -> Vec<SocketAddr> {
     let coaps = gw.coaps_addrs();
@@ -256,7 +211,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     tracing::debug!(nofile, "open descriptor limit");
     // a read-only or full state folder is an error now, not a failed write later
     mintgate_gateway::state::check_all(&cfg)?;
-    let set = block_signals();
+    let set = crate::common::block_signals();
     let gw =
         Gateway::start(cfg.clone(), resources::router_for(&cfg)).context("starting the gateway")?;
     let devices =
@@ -399,7 +354,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("{w}");
     }
     let every = a.stats_every.max(Duration::from_secs(1));
-    let sig = wait_for_signal(&set, every, || {
+    let sig = crate::common::wait_for_signal(&set, every, || {
         if a.stats_every.is_zero() {
             return;
         }
