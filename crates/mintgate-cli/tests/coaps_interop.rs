@@ -653,36 +653,34 @@ fn a_hello_flood_from_many_sources_leaves_libcoap_and_a_session_served() {
     talk(3);
 }
 
-/// `coaps+tcp` (RFC 8323 over TLS, `[coaps] tcp_bind`) against libcoap's
-/// `coap-client-openssl`: a GET with the server verified against the CA;
-/// with `access.write = "dtls"`, a PUT without a client certificate is
-/// refused (4.01) and one with a certificate the CA signed is taken, the
-/// certificate's common name as the identity; bytes that are not TLS close
-/// the connection and leave the gateway serving.
-#[test]
-fn coaps_over_tcp_with_libcoap() {
-    if !have("coap-client-openssl") {
-        return;
-    }
-    let (pki, dir) = pki();
+/// `mintgate serve` with plain CoAP and one TLS listener of `[coaps]`
+/// (`key`: `tcp_bind` or `ws_bind`) with the test PKI's server certificate,
+/// its CA for client certificates (optional) and `access.write = "dtls"`;
+/// returns it once both answer (the listeners bind one after another: the
+/// UDP endpoint may answer before the TLS one is bound), with the TLS port.
+fn serve_tls_listener(
+    pki: &mintgate_dtls::pki::TestPki,
+    dir: &std::path::Path,
+    key: &str,
+) -> (Proc, u16) {
     let s = |p: &PathBuf| p.to_str().unwrap().to_owned();
-    let (ca, ccert, ckey) = (s(&pki.ca), s(&pki.client_cert), s(&pki.client_key));
     let plain = free_port();
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0")
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let cfg = dir.join("tls-tcp.toml");
+    let cfg = dir.join(format!("tls-{key}.toml"));
     std::fs::write(
         &cfg,
         format!(
             "[coap]\nbind = [\"127.0.0.1:{plain}\"]\n\
-             [coaps]\ntcp_bind = [\"127.0.0.1:{tcp}\"]\ncert = \"{}\"\nkey = \"{}\"\n\
-             client_ca = \"{ca}\"\nrequire_client_cert = false\n\
+             [coaps]\n{key} = [\"127.0.0.1:{port}\"]\ncert = \"{}\"\nkey = \"{}\"\n\
+             client_ca = \"{}\"\nrequire_client_cert = false\n\
              [access]\nwrite = \"dtls\"\n",
             s(&pki.server_cert),
             s(&pki.server_key),
+            s(&pki.ca),
         ),
     )
     .unwrap();
@@ -698,6 +696,33 @@ fn coaps_over_tcp_with_libcoap() {
             .expect("start mintgate serve"),
     );
     wait_up(&mut p, plain, &log);
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < end,
+            "no {key} listener on {port}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (p, port)
+}
+
+/// `coaps+tcp` (RFC 8323 over TLS, `[coaps] tcp_bind`) against libcoap's
+/// `coap-client-openssl`: a GET with the server verified against the CA;
+/// with `access.write = "dtls"`, a PUT without a client certificate is
+/// refused (4.01) and one with a certificate the CA signed is taken, the
+/// certificate's common name as the identity; bytes that are not TLS close
+/// the connection and leave the gateway serving.
+#[test]
+fn coaps_over_tcp_with_libcoap() {
+    if !have("coap-client-openssl") {
+        return;
+    }
+    let (pki, dir) = pki();
+    let s = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    let (ca, ccert, ckey) = (s(&pki.ca), s(&pki.client_cert), s(&pki.client_key));
+    let (p, tcp) = serve_tls_listener(&pki, &dir, "tcp_bind");
     let uri = |path: &str| format!("coaps+tcp://127.0.0.1:{tcp}/{path}");
     let (o, e) = libcoap_client(&["-C", &ca, "-m", "get"], &uri("request"));
     assert_eq!(o.trim(), "hello world", "stderr: {e}");
@@ -807,50 +832,7 @@ fn coaps_over_tcp_with_libcoap() {
 fn coaps_over_websockets_with_certificates() {
     use mintgate_coap::wire::{Code, Framing, Signal, TcpPacket};
     let (pki, dir) = pki();
-    let plain = free_port();
-    let ws = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let cfg = dir.join("tls-ws.toml");
-    let s = |p: &PathBuf| p.to_str().unwrap().to_owned();
-    std::fs::write(
-        &cfg,
-        format!(
-            "[coap]\nbind = [\"127.0.0.1:{plain}\"]\n\
-             [coaps]\nws_bind = [\"127.0.0.1:{ws}\"]\ncert = \"{}\"\nkey = \"{}\"\n\
-             client_ca = \"{}\"\nrequire_client_cert = false\n\
-             [access]\nwrite = \"dtls\"\n",
-            s(&pki.server_cert),
-            s(&pki.server_key),
-            s(&pki.ca),
-        ),
-    )
-    .unwrap();
-    let log = dir.join("serve.log");
-    let mut p = Proc(
-        Command::new(BIN)
-            .args(["serve", "-c"])
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start mintgate serve"),
-    );
-    wait_up(&mut p, plain, &log);
-    // the UDP endpoint may answer before the wss listener is bound: wait
-    // for it too (a first run once met "connection refused" here)
-    let end = std::time::Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", ws)).is_err() {
-        assert!(
-            std::time::Instant::now() < end,
-            "no wss listener on {ws}: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (p, ws) = serve_tls_listener(&pki, &dir, "ws_bind");
     // one request on a fresh connection; the answer's code and payload
     let ask = |cert: Option<(&PathBuf, &PathBuf)>, req: &[u8]| {
         use tungstenite::client::IntoClientRequest;
