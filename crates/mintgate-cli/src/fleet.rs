@@ -851,21 +851,29 @@ fn print_run(run: &Run, secs: &BTreeMap<i64, (usize, i64, i64, i64)>, load: Load
         delivered as f64 / run.run_s,
         run.run_s
     );
-    // stored = enqueued - left when nothing is lost or stored twice
-    let expected = run.enqueued.saturating_sub(run.left);
+    // Acknowledged = enqueued - left. Every acknowledged message must be
+    // in the stream; what the stream holds beyond them (once each) was
+    // stored but its acknowledgement had not reached the gateway when it
+    // stopped: still in its queue, sent again by a restart and dropped then
+    // by the stream's de-duplication. Stored twice is what the reader,
+    // which read the whole stream, found twice.
+    let acked = run.enqueued.saturating_sub(run.left);
+    let once = delivered.saturating_sub(dup);
     if run.unknown == 0 {
+        let held = if run.stored.is_some() {
+            "stored"
+        } else {
+            "received"
+        };
         println!(
             "enqueued by the gateways {}, left unacknowledged in their queues at the stop {}: \
-             lost {}, {} twice {}",
+             lost {}, {held} twice {dup}; {held} but not yet acknowledged when the gateways \
+             stopped {} (kept in their queues; a restart sends them again, and the \
+             de-duplication drops them)",
             run.enqueued,
             run.left,
-            expected.saturating_sub(delivered),
-            if run.stored.is_some() {
-                "stored"
-            } else {
-                "received"
-            },
-            delivered.saturating_sub(expected)
+            acked.saturating_sub(once),
+            once.saturating_sub(acked),
         );
     } else {
         println!(
