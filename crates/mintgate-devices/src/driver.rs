@@ -129,10 +129,12 @@ pub trait Driver: Send + Sync + 'static {
     }
 }
 
-/// A driver's event thread; dropping it stops the thread and waits for it.
+/// A driver's event thread, or its task on a shared thread; dropping it
+/// stops the thread (or the task) and waits for it.
 pub struct Running {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl Running {
@@ -155,7 +157,19 @@ impl Running {
         Ok(Running {
             stop,
             thread: Some(thread),
+            on_drop: None,
         })
+    }
+
+    /// A guard that calls `stop` when dropped (a task on a shared thread,
+    /// such as [`crate::ticker::every`]); `stop` must return only once the
+    /// task can no longer be called.
+    pub fn on_drop(stop: impl FnOnce() + Send + Sync + 'static) -> Running {
+        Running {
+            stop: Arc::default(),
+            thread: None,
+            on_drop: Some(Box::new(stop)),
+        }
     }
 }
 
@@ -165,6 +179,9 @@ impl Drop for Running {
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
             let _ = t.join();
+        }
+        if let Some(f) = self.on_drop.take() {
+            f();
         }
     }
 }

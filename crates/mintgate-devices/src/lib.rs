@@ -16,6 +16,8 @@
 //! - [`manager`]: the finder/linker: devices declared in the config or added
 //!   through the API, started, looked up and removed at run time, each with
 //!   its latest value and a bounded history.
+//! - [`ticker`]: the one thread that samples every simulated sensor, at
+//!   multiples of its period.
 //! - [`store`]: histories persisted in a directory of append-only record
 //!   files, so that a restart keeps them.
 //! - [`directpath`]: the link table, filters, outputs, lock-free ring and
@@ -42,6 +44,7 @@ pub mod opcua;
 pub mod parse;
 pub mod sim;
 pub mod store;
+pub mod ticker;
 
 pub use config::{DeviceKind, DeviceSpec, DevicesConfig};
 pub use driver::{DeviceError, Direction, Driver, EventFn, LinkState, Running};

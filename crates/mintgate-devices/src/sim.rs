@@ -24,7 +24,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::clock::now_ns;
-use crate::driver::{sleep_until, DeviceError, Direction, Driver, EventFn, Running};
+use crate::driver::{DeviceError, Direction, Driver, EventFn, Running};
 use crate::parse::{duration, fmt_duration, fmt_number, number, split_call};
 
 /// A simulated signal.
@@ -364,19 +364,11 @@ impl Driver for SimSensor {
 
     fn start(&self, events: EventFn) -> Result<Option<Running>, DeviceError> {
         let inner = self.inner.clone();
-        Running::spawn("sim-sensor", move |stop| {
-            let period = inner.period.as_nanos() as u64;
-            let mut next = now_ns() + period;
-            while sleep_until(next, &stop) {
-                let t = now_ns();
-                let v = inner.sample(t);
-                events(v, t);
-                next += period;
-                if next < t {
-                    // fell behind (a stalled machine): skip, do not burst
-                    next = t + period;
-                }
-            }
+        // One shared thread samples every simulated sensor, at multiples
+        // of the period (see `ticker`).
+        crate::ticker::every("sim-sensor", inner.period, move |t| {
+            let v = inner.sample(t);
+            events(v, t);
         })
         .map(Some)
     }
