@@ -75,9 +75,17 @@ pub fn number(s: &str) -> Result<f64, String> {
     }
 }
 
-/// A duration: a number with `ns`, `us`, `ms`, `s`, `m` or `h`, or no unit
-/// for seconds (`100ms`, `1.5s`, `2m`, `3`); 0 up to one day.
+/// A duration: a number with `ns`, `us` (or `µs`), `ms`, `s`, `m` (or
+/// `min`), `h` or `d`, or no unit for seconds (`100ms`, `1.5s`, `2m`, `3`);
+/// 0 up to one day. The one duration grammar of the program: the config,
+/// the command line and the device and link specs all read it.
 pub fn duration(s: &str) -> Result<Duration, String> {
+    duration_upto(s, 86_400)
+}
+
+/// [`duration`]'s grammar up to `max_secs` (for the few settings counted
+/// in more than a day, such as an MQTT session's expiry).
+pub fn duration_upto(s: &str, max_secs: u64) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -90,27 +98,41 @@ pub fn duration(s: &str) -> Result<Duration, String> {
         "" | "s" => 1_000_000_000,
         "m" | "min" => 60_000_000_000,
         "h" => 3_600_000_000_000,
-        u => return Err(format!("unknown unit `{u}` in `{s}` (ns, us, ms, s, m, h)")),
+        "d" => 86_400_000_000_000,
+        u => {
+            return Err(format!(
+                "unknown unit `{u}` in `{s}` (use ns, us, ms, s, m, h or d)"
+            ))
+        }
     };
-    const DAY_NS: u128 = 86_400_000_000_000;
-    let bad = || format!("`{s}` is not a duration (e.g. 100ms, 1s, 2m)");
+    let max_ns = u128::from(max_secs) * 1_000_000_000;
+    let range = || {
+        if max_secs == 86_400 {
+            format!("`{s}` is out of range (0 to 1 day)")
+        } else {
+            format!("`{s}` is out of range (0 to {max_secs} s)")
+        }
+    };
+    let bad = || format!("`{s}` is not a duration (e.g. 200us, 500ms, 10s, 2m)");
     let ns: u128 = if num.contains('.') {
         let v: f64 = num.parse().map_err(|_| bad())?;
         let ns = v * unit_ns as f64;
-        if !(0.0..=DAY_NS as f64).contains(&ns) {
-            return Err(format!("`{s}` is out of range (0 to 1 day)"));
+        if !(0.0..=max_ns as f64).contains(&ns) {
+            return Err(range());
         }
         ns.round() as u128
     } else {
         num.parse::<u128>()
             .map_err(|_| bad())?
-            .checked_mul(unit_ns as u128)
-            .ok_or_else(|| format!("`{s}` is out of range (0 to 1 day)"))?
+            .checked_mul(u128::from(unit_ns))
+            .ok_or_else(range)?
     };
-    if ns > DAY_NS {
-        return Err(format!("`{s}` is out of range (0 to 1 day)"));
+    if ns > max_ns {
+        return Err(range());
     }
-    Ok(Duration::from_nanos(ns as u64))
+    u64::try_from(ns)
+        .map(Duration::from_nanos)
+        .map_err(|_| range())
 }
 
 /// A duration written back in the shortest exact unit `duration` reads.

@@ -898,47 +898,18 @@ impl<'de> Deserialize<'de> for PoolMode {
     }
 }
 
-/// Parses a duration: a number with `us` (or `µs`), `ms`, `s`, `m` (or
-/// `min`), `h`, `d`, or no unit for seconds: `200us`, `20ms`, `1.5s`, `2m`,
-/// `1.5`. Accepts 0 up to one day; callers add tighter bounds where they
-/// need them.
+/// Parses a duration in the program's one grammar
+/// ([`mintgate_devices::parse::duration`]): a number with `ns`, `us`,
+/// `ms`, `s`, `m`, `h` or `d`, or no unit for seconds; 0 up to one day.
+/// Callers add tighter bounds where they need them.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    parse_duration_upto(s, 86_400)
+    mintgate_devices::parse::duration(s)
 }
 
 /// [`parse_duration`]'s grammar with another upper bound, in seconds, for
 /// the few settings that are counted in days (an MQTT session's expiry).
 pub fn parse_duration_upto(s: &str, max_secs: u64) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (e.g. 200us, 500ms, 10s, 2m)"))?;
-    let scale = match unit.trim() {
-        "" | "s" => 1.0,
-        "us" | "µs" => 1e-6,
-        "ms" => 1e-3,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        "d" => 86_400.0,
-        u => {
-            return Err(format!(
-                "unknown unit `{u}` in `{s}` (use us, ms, s, m, h or d)"
-            ))
-        }
-    };
-    let secs = v * scale;
-    if !(0.0..=max_secs as f64).contains(&secs) {
-        return Err(if max_secs == 86_400 {
-            format!("`{s}` is out of range (0 to 1 day)")
-        } else {
-            format!("`{s}` is out of range (0 to {max_secs} s)")
-        });
-    }
-    Ok(std::time::Duration::from_secs_f64(secs))
+    mintgate_devices::parse::duration_upto(s, max_secs)
 }
 
 /// An MQTT 5 interval key (`mqtt.message_expiry`,
