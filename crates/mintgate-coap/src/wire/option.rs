@@ -186,8 +186,14 @@ impl ContentFormat {
     pub const CBOR: ContentFormat = ContentFormat(60);
     /// application/senml+json
     pub const SENML_JSON: ContentFormat = ContentFormat(110);
+    /// application/senml+cbor
+    pub const SENML_CBOR: ContentFormat = ContentFormat(112);
 
-    const NAMES: [(u16, &'static str); 8] = [
+    /// The program's one table of media types with a Content-Format (RFC
+    /// 7252 section 12.3 and the CoRE registry's common entries): the
+    /// CLI's `--format`, the gateway and the HTTP proxy's Content-Type
+    /// mapping all read it.
+    pub const NAMES: [(u16, &'static str); 9] = [
         (0, "text/plain;charset=utf-8"),
         (40, "application/link-format"),
         (41, "application/xml"),
@@ -196,6 +202,7 @@ impl ContentFormat {
         (50, "application/json"),
         (60, "application/cbor"),
         (110, "application/senml+json"),
+        (112, "application/senml+cbor"),
     ];
 
     /// The media type, where registered here.

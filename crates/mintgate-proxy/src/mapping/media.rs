@@ -1,23 +1,12 @@
-//! The Content-Format <-> Content-Type table: the media types this proxy
-//! maps (RFC 7252 section 12.3 and the CoRE registry's common entries), and
+//! Content-Format <-> Content-Type: the media types of the CoAP crate's one
+//! table ([`mintgate_coap::wire::ContentFormat::NAMES`]), and
 //! `application/coap-payload; cf=N` (RFC 8075 section 5.4) for the rest.
 //!
 //! Invariant: one table serves both directions, so a Content-Format that
 //! has a media type maps there and back to itself.
 
-/// Media types with a Content-Format, as this proxy maps them (RFC 7252
-/// section 12.3 and the CoRE registry's common entries).
-const MEDIA: &[(u16, &str)] = &[
-    (0, "text/plain;charset=utf-8"),
-    (40, "application/link-format"),
-    (41, "application/xml"),
-    (42, "application/octet-stream"),
-    (47, "application/exi"),
-    (50, "application/json"),
-    (60, "application/cbor"),
-    (110, "application/senml+json"),
-    (112, "application/senml+cbor"),
-];
+/// Media types with a Content-Format: the CoAP crate's one table.
+const MEDIA: &[(u16, &str)] = &mintgate_coap::wire::ContentFormat::NAMES;
 
 /// The HTTP Content-Type for a Content-Format.
 pub fn content_type_for(cf: u16) -> String {
