@@ -59,6 +59,11 @@ pub struct FleetArgs {
     /// logs).
     #[arg(long, default_value = "lab-out/")]
     out: PathBuf,
+    /// The `mintgate` binary the gateways run (`serve`): by default this
+    /// one; give a build without the labs to measure the gateway as it
+    /// ships.
+    #[arg(long, value_name = "PATH")]
+    gateway_exe: Option<PathBuf>,
 }
 
 struct Proc(Child);
@@ -164,8 +169,7 @@ struct Run {
 }
 
 /// Starts the gateways of `load` publishing through `via`.
-fn start_gateways(dir: &Path, load: Load, via: &Via) -> anyhow::Result<Vec<Proc>> {
-    let exe = std::env::current_exe()?;
+fn start_gateways(dir: &Path, load: Load, via: &Via, exe: &Path) -> anyhow::Result<Vec<Proc>> {
     let period_ms = (1000.0 / load.rate).max(1.0);
     let mut gws = Vec::new();
     for g in 0..load.k {
@@ -183,7 +187,7 @@ fn start_gateways(dir: &Path, load: Load, via: &Via) -> anyhow::Result<Vec<Proc>
         let f = dir.join(format!("gw{g}.toml"));
         std::fs::write(&f, conf)?;
         let log = std::fs::File::create(dir.join(format!("gw{g}.log")))?;
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(exe);
         cmd.args(["serve", "--config"]).arg(&f);
         match via {
             Via::JetStream(urls) => cmd.args(["--nats", urls]),
@@ -455,12 +459,21 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         loadavg()
     );
-    let js = run_jetstream(&dir.join("jetstream"), load, !a.no_failures)?;
+    let exe = match a.gateway_exe {
+        Some(p) => p,
+        None => std::env::current_exe()?,
+    };
+    anyhow::ensure!(
+        exe.is_file(),
+        "--gateway-exe {}: no such file",
+        exe.display()
+    );
+    let js = run_jetstream(&dir.join("jetstream"), load, !a.no_failures, &exe)?;
     let mut runs = vec![js];
     if a.compare {
-        runs.push(run_mqtt(&dir.join("nats-mqtt"), load, false)?);
+        runs.push(run_mqtt(&dir.join("nats-mqtt"), load, false, &exe)?);
         match mintgate_mqtt::broker::find_mosquitto() {
-            Some(_) => runs.push(run_mqtt(&dir.join("mosquitto"), load, true)?),
+            Some(_) => runs.push(run_mqtt(&dir.join("mosquitto"), load, true, &exe)?),
             None => println!("(mosquitto is not installed: no mosquitto run)"),
         }
     }
@@ -470,7 +483,7 @@ pub fn run_fleet(a: FleetArgs) -> anyhow::Result<std::process::ExitCode> {
 
 /// The JetStream run: the cluster, the gateways, the reader, and (with
 /// `failures`) a node and then the leader killed and restarted.
-fn run_jetstream(dir: &Path, load: Load, failures: bool) -> anyhow::Result<Run> {
+fn run_jetstream(dir: &Path, load: Load, failures: bool, exe: &Path) -> anyhow::Result<Run> {
     std::fs::create_dir_all(dir)?;
     let mut cluster = Cluster::start_for_tests(&dir.join("cluster"), 3)?.ok_or_else(|| {
         anyhow::anyhow!("nats-server is not installed (apt-get install nats-server)")
@@ -485,7 +498,7 @@ fn run_jetstream(dir: &Path, load: Load, failures: bool) -> anyhow::Result<Run> 
     let ticks0 = machine_ticks();
     let lab0 = process_cpu_seconds(std::process::id()).unwrap_or(0.0);
     let server0 = cluster.cpu_seconds();
-    let mut gws = start_gateways(dir, load, &Via::JetStream(&urls))?;
+    let mut gws = start_gateways(dir, load, &Via::JetStream(&urls), exe)?;
     let t0 = Instant::now();
     let t0_ms = now_ms();
     let at = |f: f64| t0 + load.dur.mul_f64(f);
@@ -577,7 +590,7 @@ fn busy(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> f64 {
 
 /// The same load through an MQTT broker, no failures: nats-server's MQTT
 /// listener (one node with JetStream) or, with `mosquitto`, mosquitto.
-fn run_mqtt(dir: &Path, load: Load, mosquitto: bool) -> anyhow::Result<Run> {
+fn run_mqtt(dir: &Path, load: Load, mosquitto: bool, exe: &Path) -> anyhow::Result<Run> {
     use mintgate_mqtt::broker::{find_mosquitto, free_port, Mosquitto};
     std::fs::create_dir_all(dir)?;
     let mut nats = None;
@@ -623,7 +636,12 @@ fn run_mqtt(dir: &Path, load: Load, mosquitto: bool) -> anyhow::Result<Run> {
     let ticks0 = machine_ticks();
     let lab0 = process_cpu_seconds(std::process::id()).unwrap_or(0.0);
     let server0 = server_cpu();
-    let mut gws = start_gateways(dir, load, &Via::Mqtt(format!("mqtt://127.0.0.1:{port}")))?;
+    let mut gws = start_gateways(
+        dir,
+        load,
+        &Via::Mqtt(format!("mqtt://127.0.0.1:{port}")),
+        exe,
+    )?;
     let t0 = Instant::now();
     let t0_ms = now_ms();
     std::thread::sleep(load.dur);
