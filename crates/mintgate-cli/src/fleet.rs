@@ -266,11 +266,13 @@ fn sample_ms(env: &mintgate_mqtt::Envelope) -> i64 {
 
 /// Reads the stream of `t` from its start as it fills, until `stop`; a
 /// consumer lives on one node, so when it fails (a node killed) a new one
-/// starts after the last stream sequence seen.
+/// starts after the last stream sequence seen, and when it skips ahead a
+/// new one starts at the first message missing (counted in `rereads`).
 fn jetstream_reader(
     t: mintgate_nats::Target,
     stop: Arc<AtomicBool>,
     seen_tx: std::sync::mpsc::Sender<Seen>,
+    rereads: Arc<std::sync::atomic::AtomicU64>,
 ) -> std::thread::JoinHandle<anyhow::Result<()>> {
     std::thread::spawn(move || -> anyhow::Result<()> {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -283,6 +285,7 @@ fn jetstream_reader(
                 .await?;
             let js = jetstream::new(client);
             let mut next_seq = 1u64;
+            let mut reread_from = None::<u64>;
             'outer: while !stop.load(Relaxed) {
                 let consumer = async {
                     js.get_stream(&t.stream)
@@ -323,6 +326,20 @@ fn jetstream_reader(
                         };
                     let consumed_ms = now_ms();
                     let Ok(info) = m.info() else { continue };
+                    // A consumer without acknowledgements promises no
+                    // delivery: around a failover it may skip ahead. The
+                    // stream's sequence has no holes here (nothing is
+                    // deleted), so a jump means messages not delivered:
+                    // read again from the first one missing, once per
+                    // place (a real hole is then taken as it is).
+                    if info.stream_sequence > next_seq && reread_from != Some(next_seq) {
+                        reread_from = Some(next_seq);
+                        rereads.fetch_add(1, Relaxed);
+                        continue 'outer;
+                    }
+                    if info.stream_sequence < next_seq {
+                        continue;
+                    }
                     next_seq = info.stream_sequence + 1;
                     let stored_ms = (info.published.unix_timestamp_nanos() / 1_000_000) as i64;
                     let Ok(env) = mintgate_mqtt::decode(&m.payload) else {
@@ -493,7 +510,8 @@ fn run_jetstream(dir: &Path, load: Load, failures: bool, exe: &Path) -> anyhow::
     let urls = cluster.urls().join(",");
     let (seen_tx, seen_rx) = std::sync::mpsc::channel::<Seen>();
     let stop = Arc::new(AtomicBool::new(false));
-    let reader = jetstream_reader(t.clone(), stop.clone(), seen_tx);
+    let rereads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let reader = jetstream_reader(t.clone(), stop.clone(), seen_tx, rereads.clone());
     let load_before = loadavg();
     let ticks0 = machine_ticks();
     let lab0 = process_cpu_seconds(std::process::id()).unwrap_or(0.0);
@@ -557,6 +575,16 @@ fn run_jetstream(dir: &Path, load: Load, failures: bool, exe: &Path) -> anyhow::
     let stored = stream_now(&t).map(|s| s.messages).unwrap_or(0);
     let seen = collect(&seen_rx, &stop, |n| n as u64 >= stored);
     let _ = reader.join();
+    let skipped = rereads.load(Relaxed);
+    if skipped > 0 {
+        events.push((
+            now_ms(),
+            format!(
+                "the reader's consumer skipped ahead {skipped} time(s); each time it read again \
+                 from the first message missing"
+            ),
+        ));
+    }
     let cpu_lab = process_cpu_seconds(std::process::id()).unwrap_or(0.0) - lab0;
     let stored = stream_now(&t).map(|s| s.messages).unwrap_or(stored);
     let (enqueued, left, unknown) = queue_counts(dir, load.k);
