@@ -449,7 +449,7 @@ fn over_connection(
 }
 
 #[test]
-fn a_reliable_connection_observes_without_con_and_its_close_ends_the_relation() {
+fn a_reliable_connection_observes_without_con_and_close_or_removal_ends_it() {
     use crate::server::observe::RELIABLE;
     let ep = Endpoint::new(EndpointConfig::default(), pool(), Instant::now());
     let r = router();
@@ -487,4 +487,17 @@ fn a_reliable_connection_observes_without_con_and_its_close_ends_the_relation() 
     assert_eq!(ep.stats().ended(Ended::Closed), 1);
     assert_eq!(ep.observers(), 1);
     assert!(ep.stats().retransmissions.load(Relaxed) > 0, "UDP's CON");
+    // the resource goes away: a last 4.04 to the connection ends it too
+    assert_eq!(over_connection(&ep, &r, t0, conn, &[]), Some(1));
+    let mut out = Vec::new();
+    ep.notify(t0, &Router::new(), "obs", &mut out);
+    let last: Vec<_> = out.iter().filter(|t| t.listener == conn).collect();
+    assert_eq!(last.len(), 1);
+    let v = last[0].datagram.to_vec();
+    assert_eq!(
+        Packet::new_checked(v.as_slice()).unwrap().code(),
+        Code::NOT_FOUND
+    );
+    assert_eq!(ep.stats().ended(Ended::NotContent), 2, "both relations");
+    assert_eq!(ep.observers(), 0);
 }
