@@ -541,10 +541,10 @@ fn bad_input_over_ws_is_refused_or_aborted_and_serving_goes_on() {
 // ---- Observe over TCP and WebSockets (RFC 8323 7.2 with RFC 7641)
 
 /// `mintgate serve` with a simulated sensor (`sensors/temp0`) whose value
-/// moves every 500 ms, `coap+tcp` and `coap+ws` listeners and `/metrics`,
+/// moves every `period` (e.g. `500ms`), `coap+tcp` and `coap+ws` listeners and `/metrics`,
 /// all on loopback; `rest` is more of the `[coap]` table. Returns the server, the TCP and WebSocket addresses and
 /// the metrics port.
-fn serve_sensor(tag: &str, rest: &str) -> (Serve, SocketAddr, SocketAddr, u16) {
+fn serve_sensor(tag: &str, period: &str, rest: &str) -> (Serve, SocketAddr, SocketAddr, u16) {
     let dir = tmp_dir(tag);
     let tcp: SocketAddr = format!("127.0.0.1:{}", free_tcp()).parse().unwrap();
     let ws: SocketAddr = format!("127.0.0.1:{}", free_tcp()).parse().unwrap();
@@ -556,7 +556,7 @@ fn serve_sensor(tag: &str, rest: &str) -> (Serve, SocketAddr, SocketAddr, u16) {
         &format!(
             "tcp_bind = [\"{tcp}\"]\nws_bind = [\"{ws}\"]\n{rest}\
              [[devices.list]]\nname = \"temp0\"\nkind = \"sim-sensor\"\n\
-             signal = \"walk(20, 0.5, 0, 40)\"\nperiod = \"500ms\"\n"
+             signal = \"walk(20, 0.5, 0, 40)\"\nperiod = \"{period}\"\n"
         ),
     );
     let mut s = Serve::start(
@@ -616,7 +616,7 @@ fn libcoap_client_observes_a_sensor_over_tcp() {
     if !have("coap-client-notls", "Debian libcoap3-bin") {
         return;
     }
-    let (_s, tcp, _, metrics) = serve_sensor("tcp-observe-libcoap", "");
+    let (_s, tcp, _, metrics) = serve_sensor("tcp-observe-libcoap", "500ms", "");
     assert_eq!(observe_metrics(metrics).0, 0.0);
     // -s 5: observe for 5 s; -A 50: ask for JSON, one object a message
     let mut child = start_observer(
@@ -669,7 +669,7 @@ fn aiocoap_observes_a_sensor_over_ws_and_the_close_ends_the_relation() {
     if common::venv_python("websockets").is_none() {
         return;
     }
-    let (_s, _, ws, metrics) = serve_sensor("ws-observe-aiocoap", "");
+    let (_s, _, ws, metrics) = serve_sensor("ws-observe-aiocoap", "500ms", "");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/observe_aiocoap.py");
     let mut child = start_observer(
         Command::new(py)
@@ -791,7 +791,8 @@ fn read_messages(
 
 #[test]
 fn observe_over_tcp_keeps_the_source_cap_and_ends_on_observe_1_and_on_close() {
-    let (_s, tcp, _, metrics) = serve_sensor("tcp-observe-raw", "observe_max_per_source = 2\n");
+    let (_s, tcp, _, metrics) =
+        serve_sensor("tcp-observe-raw", "500ms", "observe_max_per_source = 2\n");
     let mut c = TcpStream::connect(tcp).unwrap();
     let mut m = our_csm();
     for t in [b"a", b"b", b"c"] {
@@ -836,4 +837,52 @@ fn observe_over_tcp_keeps_the_source_cap_and_ends_on_observe_1_and_on_close() {
     drop(c);
     let m = wait_metrics(metrics, Duration::from_secs(3), |m| m.0 == 0.0);
     assert_eq!((m.0, m.1, m.2), (0.0, 1.0, 1.0), "{m:?}");
+}
+
+#[test]
+fn a_tcp_observer_that_never_reads_gets_at_most_one_notification_a_tick() {
+    // a sensor sampled every millisecond: up to 1,000 notifications a second
+    let (_s, tcp, _, metrics) = serve_sensor("tcp-observe-stuck", "1ms", "");
+    let mut c = TcpStream::connect(tcp).unwrap();
+    let mut m = our_csm();
+    m.extend(observe_get(b"s", Some(0)));
+    c.write_all(&m).unwrap();
+    let during = wait_metrics(metrics, Duration::from_secs(5), |m| m.0 == 1.0);
+    assert_eq!(during.0, 1.0, "{during:?}");
+    // never read from for 2 s: what waits for the connection is its one
+    // relation's newest notification, written once a tick (100 ms); the
+    // rest is dropped and counted, nothing piles up
+    let t = Instant::now();
+    let figures = || {
+        let (_, _, text) = common::http(metrics, "GET", "/metrics", &[], b"");
+        let m = |n: &str| common::metric(&text, n).unwrap();
+        (
+            m("mintgate_coap_tcp_notifications_total"),
+            m("mintgate_coap_tcp_notifications_dropped_total"),
+        )
+    };
+    let (sent0, dropped0) = figures();
+    std::thread::sleep(Duration::from_secs(2));
+    let (sent1, dropped1) = figures();
+    let ticks = t.elapsed().as_millis() as f64 / 100.0;
+    let (sent, dropped) = (sent1 - sent0, dropped1 - dropped0);
+    eprintln!(
+        "never-reading observer: {sent} notifications written, {dropped} dropped in {ticks} ticks"
+    );
+    assert!(
+        sent >= 1.0 && sent <= ticks + 2.0,
+        "{sent} written in {ticks} ticks"
+    );
+    assert!(dropped > sent, "{dropped} dropped, {sent} written");
+    // serving goes on, Observe included, and the close ends the relation
+    let mut d = TcpStream::connect(tcp).unwrap();
+    let mut m = our_csm();
+    m.extend(observe_get(b"t", Some(0)));
+    d.write_all(&m).unwrap();
+    let mut buf = Vec::new();
+    let got = read_messages(&mut d, &mut buf, Duration::from_millis(500));
+    assert!(got.iter().filter(|m| m.1 == b"t").count() >= 2, "{got:?}");
+    drop((c, d));
+    let after = wait_metrics(metrics, Duration::from_secs(3), |m| m.0 == 0.0);
+    assert_eq!((after.0, after.2), (0.0, 2.0), "{after:?}");
 }

@@ -158,11 +158,12 @@ impl TcpStats {
 /// all, dropping the oldest when full; drops are counted. Observe needs
 /// only the latest state, so dropping is better than closing here. The
 /// connection's thread moves what waits into its connection after each
-/// read or tick (so at most one tick, 100 ms, later) and writes it under
-/// the connection's write timeout (`tcp_frame_timeout_ms`): a peer that
-/// does not take it in that time is disconnected, and its relations end.
-/// A client that never reads thus holds one outbox and the socket's
-/// buffers, never more.
+/// read or tick (so at most one tick, 100 ms, later, and a relation whose
+/// resource changes faster gets its newest state once a tick) and writes
+/// it under the connection's write timeout (`tcp_frame_timeout_ms`): a
+/// peer that does not take it in that time is disconnected, and its
+/// relations end. A client that never reads thus holds one outbox and the
+/// socket's buffers, never more.
 pub struct Outboxes {
     next: AtomicUsize,
     open: Mutex<HashMap<usize, Arc<Mutex<Waiting>>>>,
