@@ -857,7 +857,10 @@ impl Endpoint {
             if ok {
                 rb.option_uint(OptionNumber::OBSERVE, n.seq);
             }
-            let mid = self.next_mid();
+            // a reliable connection frames it without a message ID: none
+            // is taken from the datagram listeners' space
+            let reliable = super::observe::is_reliable(n.listener);
+            let mid = if reliable { 0 } else { self.next_mid() };
             let ty = if n.confirmable {
                 MessageType::Con
             } else {
@@ -874,7 +877,7 @@ impl Endpoint {
                 if self.observe.lock().deregister(n.peer, n.token.as_slice()) {
                     self.stats.end(Ended::NotContent);
                 }
-            } else {
+            } else if !reliable {
                 self.observe
                     .lock()
                     .sent(path, n.peer, n.token, mid, n.confirmable);

@@ -468,7 +468,7 @@ fn a_reliable_connection_observes_without_con_and_close_or_removal_ends_it() {
         assert_eq!(tcp.len(), 1, "one notification per change");
         let v = tcp[0].datagram.to_vec();
         let p = Packet::new_checked(v.as_slice()).unwrap();
-        assert_eq!(p.msg_type(), MessageType::Non);
+        assert_eq!((p.msg_type(), p.message_id()), (MessageType::Non, 0));
         seqs.push(p.option(OptionNumber::OBSERVE).unwrap().uint().unwrap());
         // nothing to retransmit to the connection
         ep.handle_timeout(t);
