@@ -203,22 +203,31 @@ fn mintgate_client_over_tcp_against_serve() {
     );
 }
 
-/// Reads frames from `s` until it closes or `limit` passes.
-fn read_frames(s: &mut TcpStream, limit: Duration) -> Vec<Vec<u8>> {
-    s.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
+/// Appends what `s` sends within `limit` to `buf`; true when it closed
+/// (end of stream or an error) first.
+fn read_into(s: &mut TcpStream, buf: &mut Vec<u8>, limit: Duration) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let end = Instant::now() + limit;
-    let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     while Instant::now() < end {
         match s.read(&mut chunk) {
-            Ok(0) => break,
+            Ok(0) => return true,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-            Err(_) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
         }
     }
+    false
+}
+
+/// Reads frames from `s` until it closes or `limit` passes.
+fn read_frames(s: &mut TcpStream, limit: Duration) -> Vec<Vec<u8>> {
+    let mut buf = Vec::new();
+    read_into(s, &mut buf, limit);
     let mut v = Vec::new();
     let mut rest = &buf[..];
     while let Ok(Some(n)) = frame_len(rest) {
@@ -424,24 +433,9 @@ fn ws_get() -> tungstenite::Message {
 /// Whether the server closes `s` (EOF or reset) within `limit`, and what
 /// it said first.
 fn closed_within(s: &mut TcpStream, limit: Duration) -> (bool, String) {
-    s.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    let end = Instant::now() + limit;
     let mut got = Vec::new();
-    let mut b = [0u8; 1024];
-    while Instant::now() < end {
-        match s.read(&mut b) {
-            Ok(0) => return (true, String::from_utf8_lossy(&got).into_owned()),
-            Ok(n) => got.extend_from_slice(&b[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return (true, String::from_utf8_lossy(&got).into_owned()),
-        }
-    }
-    (false, String::from_utf8_lossy(&got).into_owned())
+    let closed = read_into(s, &mut got, limit);
+    (closed, String::from_utf8_lossy(&got).into_owned())
 }
 
 #[test]
@@ -542,4 +536,353 @@ fn bad_input_over_ws_is_refused_or_aborted_and_serving_goes_on() {
     let p = TcpPacket::new_checked(&got[2][..], Framing::WebSocket).unwrap();
     assert_eq!((p.code(), p.token()), (Code::PONG, &b"pg"[..]));
     drop(s);
+}
+
+// ---- Observe over TCP and WebSockets (RFC 8323 7.2 with RFC 7641)
+
+/// `mintgate serve` with a simulated sensor (`sensors/temp0`) whose value
+/// moves every `period` (e.g. `500ms`), `coap+tcp` and `coap+ws` listeners and `/metrics`,
+/// all on loopback; `rest` is more of the `[coap]` table. Returns the server, the TCP and WebSocket addresses and
+/// the metrics port.
+fn serve_sensor(tag: &str, period: &str, rest: &str) -> (Serve, SocketAddr, SocketAddr, u16) {
+    let dir = tmp_dir(tag);
+    let tcp: SocketAddr = format!("127.0.0.1:{}", free_tcp()).parse().unwrap();
+    let ws: SocketAddr = format!("127.0.0.1:{}", free_tcp()).parse().unwrap();
+    let metrics = free_tcp();
+    let udp = free_udp();
+    let cfg = write_config(
+        &dir,
+        udp,
+        &format!(
+            "tcp_bind = [\"{tcp}\"]\nws_bind = [\"{ws}\"]\n{rest}\
+             [[devices.list]]\nname = \"temp0\"\nkind = \"sim-sensor\"\n\
+             signal = \"walk(20, 0.5, 0, 40)\"\nperiod = \"{period}\"\n"
+        ),
+    );
+    let mut s = Serve::start(
+        &cfg,
+        &dir.join("serve.log"),
+        &["--metrics", &format!("127.0.0.1:{metrics}")],
+    );
+    s.wait_coap(
+        format!("127.0.0.1:{udp}").parse().unwrap(),
+        Duration::from_secs(15),
+    );
+    (s, tcp, ws, metrics)
+}
+
+/// The Observe figures of `/metrics`: relations now, and relations ended
+/// by (deregistration, connection closed).
+fn observe_metrics(port: u16) -> (f64, f64, f64) {
+    let (_, _, text) = common::http(port, "GET", "/metrics", &[], b"");
+    let m = |n: &str| common::metric(&text, n).unwrap_or(-1.0);
+    (
+        m("mintgate_observe_observers"),
+        m("mintgate_observe_ended_total{reason=\"deregistered\"}"),
+        m("mintgate_observe_ended_total{reason=\"closed\"}"),
+    )
+}
+
+/// Polls `/metrics` (every 50 ms, at most `limit`) until `ok` holds for
+/// the Observe figures; they are returned either way.
+fn wait_metrics(
+    port: u16,
+    limit: Duration,
+    ok: impl Fn((f64, f64, f64)) -> bool,
+) -> (f64, f64, f64) {
+    let end = Instant::now() + limit;
+    loop {
+        let m = observe_metrics(port);
+        if ok(m) || Instant::now() >= end {
+            return m;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Starts an observing client with its output piped, killed on drop.
+fn start_observer(cmd: &mut Command) -> Child9 {
+    Child9(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the observing client"),
+    )
+}
+
+#[test]
+fn libcoap_client_observes_a_sensor_over_tcp() {
+    if !have("coap-client-notls", "Debian libcoap3-bin") {
+        return;
+    }
+    let (_s, tcp, _, metrics) = serve_sensor("tcp-observe-libcoap", "500ms", "");
+    assert_eq!(observe_metrics(metrics).0, 0.0);
+    // -s 5: observe for 5 s; -A 50: ask for JSON, one object a message
+    let mut child = start_observer(
+        Command::new("coap-client-notls")
+            .args(["-s", "5", "-A", "50", "-m", "get"])
+            .arg(format!("coap+tcp://{tcp}/sensors/temp0")),
+    );
+    // the relation is there while the client runs
+    let during = wait_metrics(metrics, Duration::from_secs(4), |m| m.0 == 1.0);
+    assert_eq!(during.0, 1.0, "relations while observing: {during:?}");
+    let end = Instant::now() + Duration::from_secs(15);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < end, "coap-client-notls did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = String::new();
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let values: Vec<f64> = out
+        .split("\"v\":")
+        .skip(1)
+        .map(|s| s.split([',', '}']).next().unwrap().trim().parse().unwrap())
+        .collect();
+    // the response and a notification about every 500 ms for 5 s
+    assert!(values.len() >= 4, "{} messages: {out}", values.len());
+    assert!(
+        values.windows(2).any(|w| w[0] != w[1]),
+        "the values change: {values:?}"
+    );
+    // the client is gone: so is its relation (deregistered or closed)
+    let after = wait_metrics(metrics, Duration::from_secs(5), |m| m.0 == 0.0);
+    assert_eq!(after.0, 0.0, "relations after: {after:?}");
+    assert_eq!(after.1 + after.2, 1.0, "ended once: {after:?}");
+    eprintln!(
+        "libcoap over tcp: {} messages, ended {after:?}",
+        values.len()
+    );
+}
+
+#[test]
+fn aiocoap_observes_a_sensor_over_ws_and_the_close_ends_the_relation() {
+    let Some(py) = common::venv_python("aiocoap") else {
+        return;
+    };
+    if common::venv_python("websockets").is_none() {
+        return;
+    }
+    let (_s, _, ws, metrics) = serve_sensor("ws-observe-aiocoap", "500ms", "");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/observe_aiocoap.py");
+    let mut child = start_observer(
+        Command::new(py)
+            .arg(script)
+            .arg(format!("coap+ws://{ws}/sensors/temp0")),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stdout).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    // the response, then three notifications (one every 500 ms)
+    let end = Instant::now() + Duration::from_secs(15);
+    let mut lines = Vec::new();
+    while lines.len() < 4 {
+        let left = end.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => lines.push(l),
+            Err(_) => {
+                let _ = child.0.kill();
+                let mut e = String::new();
+                let _ = child.0.stderr.take().unwrap().read_to_string(&mut e);
+                panic!("{lines:?} within 15 s; stderr: {e}");
+            }
+        }
+    }
+    assert!(lines[0].starts_with("first 2.05 Content "), "{lines:?}");
+    let seqs: Vec<u32> = lines
+        .iter()
+        .map(|l| l.split(' ').nth(if l.starts_with("first") { 3 } else { 1 }))
+        .map(|s| s.unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        lines[1..].iter().all(|l| l.starts_with("note ")),
+        "{lines:?}"
+    );
+    assert!(
+        seqs.windows(2).all(|w| w[1] > w[0]),
+        "Observe rises: {lines:?}"
+    );
+    let values: Vec<&str> = lines
+        .iter()
+        .map(|l| l.rsplit(' ').next().unwrap())
+        .collect();
+    assert!(
+        values.windows(2).any(|w| w[0] != w[1]),
+        "the values change: {lines:?}"
+    );
+    assert_eq!(observe_metrics(metrics).0, 1.0);
+    // the client goes away without a word: the connection's close ends it
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+    let after = wait_metrics(metrics, Duration::from_secs(5), |m| m.0 == 0.0);
+    assert_eq!(after.0, 0.0, "relations after: {after:?}");
+    assert_eq!(after.2, 1.0, "ended by the close: {after:?}");
+}
+
+/// A GET of sensors/temp0 in stream framing with token `token` and, when
+/// given, the Observe value `observe`.
+fn observe_get(token: &[u8], observe: Option<u8>) -> Vec<u8> {
+    use mintgate_coap::wire::{OptionNumber, RawOption, TcpRepr};
+    let obs = observe.map(|v| if v == 0 { vec![] } else { vec![v] });
+    let mut options = Vec::new();
+    if let Some(v) = &obs {
+        options.push(RawOption {
+            number: OptionNumber::OBSERVE,
+            value: &v[..],
+        });
+    }
+    for seg in ["sensors", "temp0"] {
+        options.push(RawOption {
+            number: OptionNumber::URI_PATH,
+            value: seg.as_bytes(),
+        });
+    }
+    let mut v = Vec::new();
+    TcpRepr {
+        code: Code::GET,
+        token,
+        options,
+        payload: &[],
+    }
+    .emit_vec(Framing::Stream, &mut v)
+    .unwrap();
+    v
+}
+
+/// (code, token, Observe value) of each frame read from `s` within
+/// `limit`; bytes of a frame not complete yet stay in `buf`.
+fn read_messages(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    limit: Duration,
+) -> Vec<(Code, Vec<u8>, Option<u32>)> {
+    use mintgate_coap::wire::{decode_uint, OptionNumber};
+    read_into(s, buf, limit);
+    let mut v = Vec::new();
+    while let Ok(Some(n)) = frame_len(buf) {
+        let n = n as usize;
+        if n > buf.len() {
+            break;
+        }
+        let f: Vec<u8> = buf.drain(..n).collect();
+        let p = TcpPacket::new_checked(&f[..], Framing::Stream).unwrap();
+        let obs = p
+            .options()
+            .find(|o| o.number == OptionNumber::OBSERVE)
+            .and_then(|o| decode_uint(o.value));
+        v.push((p.code(), p.token().to_vec(), obs));
+    }
+    v
+}
+
+#[test]
+fn observe_over_tcp_keeps_the_source_cap_and_ends_on_observe_1_and_on_close() {
+    let (_s, tcp, _, metrics) =
+        serve_sensor("tcp-observe-raw", "500ms", "observe_max_per_source = 2\n");
+    let mut c = TcpStream::connect(tcp).unwrap();
+    let mut m = our_csm();
+    for t in [b"a", b"b", b"c"] {
+        m.extend(observe_get(t, Some(0)));
+    }
+    c.write_all(&m).unwrap();
+    let mut buf = Vec::new();
+    let got = read_messages(&mut c, &mut buf, Duration::from_millis(2200));
+    assert_eq!(got.first().map(|m| m.0), Some(Code::CSM));
+    assert!(got[1..].iter().all(|m| m.0 == Code::CONTENT), "{got:?}");
+    // a and b are registered, c is over the source's share: a plain answer
+    // and nothing after it
+    let of = |tok: &[u8]| -> Vec<Option<u32>> {
+        got.iter().filter(|m| m.1 == tok).map(|m| m.2).collect()
+    };
+    assert_eq!(of(b"c"), [None], "{got:?}");
+    // then notifications (about one every 500 ms) for a and b, rising
+    for tok in [b"a", b"b"] {
+        let seqs: Vec<u32> = of(tok).into_iter().map(|s| s.unwrap()).collect();
+        assert!(seqs.len() >= 3, "{got:?}");
+        assert!(seqs.windows(2).all(|w| w[1] > w[0]), "{got:?}");
+    }
+    // Observe: 1 ends a; b goes on
+    c.write_all(&observe_get(b"a", Some(1))).unwrap();
+    let got = read_messages(&mut c, &mut buf, Duration::from_millis(1500));
+    // the answer (no Observe option), and nothing for a after it
+    let answer = got
+        .iter()
+        .position(|m| m.1 == b"a" && m.2.is_none())
+        .expect("answered");
+    let rest = &got[answer + 1..];
+    assert!(rest.iter().all(|m| m.1 == b"b"), "{got:?}");
+    assert!(rest.len() >= 2, "{got:?}");
+    let (_, _, text) = common::http(metrics, "GET", "/metrics", &[], b"");
+    assert_eq!(
+        common::metric(&text, "mintgate_observe_refused_source_total"),
+        Some(1.0)
+    );
+    let m = observe_metrics(metrics);
+    assert_eq!((m.0, m.1, m.2), (1.0, 1.0, 0.0), "{m:?}");
+    // the close ends b
+    drop(c);
+    let m = wait_metrics(metrics, Duration::from_secs(3), |m| m.0 == 0.0);
+    assert_eq!((m.0, m.1, m.2), (0.0, 1.0, 1.0), "{m:?}");
+}
+
+#[test]
+fn a_tcp_observer_that_never_reads_gets_at_most_one_notification_a_tick() {
+    // a sensor sampled every millisecond: up to 1,000 notifications a second
+    let (_s, tcp, _, metrics) = serve_sensor("tcp-observe-stuck", "1ms", "");
+    let mut c = TcpStream::connect(tcp).unwrap();
+    let mut m = our_csm();
+    m.extend(observe_get(b"s", Some(0)));
+    c.write_all(&m).unwrap();
+    let during = wait_metrics(metrics, Duration::from_secs(5), |m| m.0 == 1.0);
+    assert_eq!(during.0, 1.0, "{during:?}");
+    // never read from for 2 s: what waits for the connection is its one
+    // relation's newest notification, written once a tick (100 ms); the
+    // rest is dropped and counted, nothing piles up
+    let t = Instant::now();
+    let figures = || {
+        let (_, _, text) = common::http(metrics, "GET", "/metrics", &[], b"");
+        let m = |n: &str| common::metric(&text, n).unwrap();
+        (
+            m("mintgate_coap_tcp_notifications_total"),
+            m("mintgate_coap_tcp_notifications_dropped_total"),
+        )
+    };
+    let (sent0, dropped0) = figures();
+    std::thread::sleep(Duration::from_secs(2));
+    let (sent1, dropped1) = figures();
+    let ticks = t.elapsed().as_millis() as f64 / 100.0;
+    let (sent, dropped) = (sent1 - sent0, dropped1 - dropped0);
+    eprintln!(
+        "never-reading observer: {sent} notifications written, {dropped} dropped in {ticks} ticks"
+    );
+    assert!(
+        sent >= 1.0 && sent <= ticks + 2.0,
+        "{sent} written in {ticks} ticks"
+    );
+    assert!(dropped > sent, "{dropped} dropped, {sent} written");
+    // serving goes on, Observe included, and the close ends the relation
+    let mut d = TcpStream::connect(tcp).unwrap();
+    let mut m = our_csm();
+    m.extend(observe_get(b"t", Some(0)));
+    d.write_all(&m).unwrap();
+    let mut buf = Vec::new();
+    let got = read_messages(&mut d, &mut buf, Duration::from_millis(500));
+    assert!(got.iter().filter(|m| m.1 == b"t").count() >= 2, "{got:?}");
+    drop((c, d));
+    let after = wait_metrics(metrics, Duration::from_secs(3), |m| m.0 == 0.0);
+    assert_eq!((after.0, after.2), (0.0, 2.0), "{after:?}");
 }

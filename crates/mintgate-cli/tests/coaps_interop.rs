@@ -655,7 +655,8 @@ fn a_hello_flood_from_many_sources_leaves_libcoap_and_a_session_served() {
 
 /// `mintgate serve` with plain CoAP and one TLS listener of `[coaps]`
 /// (`key`: `tcp_bind` or `ws_bind`) with the test PKI's server certificate,
-/// its CA for client certificates (optional) and `access.write = "dtls"`;
+/// its CA for client certificates (optional), `access.write = "dtls"` and
+/// a simulated sensor moving every 200 ms (`sensors/temp0`, observable);
 /// returns it once both answer (the listeners bind one after another: the
 /// UDP endpoint may answer before the TLS one is bound), with the TLS port.
 fn serve_tls_listener(
@@ -677,7 +678,9 @@ fn serve_tls_listener(
             "[coap]\nbind = [\"127.0.0.1:{plain}\"]\n\
              [coaps]\n{key} = [\"127.0.0.1:{port}\"]\ncert = \"{}\"\nkey = \"{}\"\n\
              client_ca = \"{}\"\nrequire_client_cert = false\n\
-             [access]\nwrite = \"dtls\"\n",
+             [access]\nwrite = \"dtls\"\n\
+             [[devices.list]]\nname = \"temp0\"\nkind = \"sim-sensor\"\n\
+             signal = \"walk(20, 0.5, 0, 40)\"\nperiod = \"200ms\"\n",
             s(&pki.server_cert),
             s(&pki.server_key),
             s(&pki.ca),
@@ -712,8 +715,9 @@ fn serve_tls_listener(
 /// `coap-client-openssl`: a GET with the server verified against the CA;
 /// with `access.write = "dtls"`, a PUT without a client certificate is
 /// refused (4.01) and one with a certificate the CA signed is taken, the
-/// certificate's common name as the identity; bytes that are not TLS close
-/// the connection and leave the gateway serving.
+/// certificate's common name as the identity; the sensor observed for 2 s
+/// (RFC 7641 over RFC 8323); bytes that are not TLS close the connection
+/// and leave the gateway serving.
 #[test]
 fn coaps_over_tcp_with_libcoap() {
     if !have("coap-client-openssl") {
@@ -750,6 +754,11 @@ fn coaps_over_tcp_with_libcoap() {
     }
     let (o, _) = libcoap_client(&["-C", &ca, "-m", "get"], &uri("echo"));
     assert_eq!(o.trim(), "over tls", "{tries:#?}");
+    // Observe over TLS: -s 2 observes for 2 s, -A 50 asks for JSON; the
+    // answer and about 10 notifications
+    let (o, e) = libcoap_client(&["-C", &ca, "-s", "2", "-A", "50"], &uri("sensors/temp0"));
+    let n = o.matches("{\"n\":\"temp0\"").count();
+    assert!(n >= 4, "{n} messages: {o} {e}");
     // not TLS at all: closed, and the gateway goes on
     {
         use std::io::{Read, Write};
@@ -827,14 +836,16 @@ fn coaps_over_tcp_with_libcoap() {
 /// WebSockets): the server verified against the CA, the upgrade at
 /// `/.well-known/coap` with the `coap` subprotocol, a GET answered; with
 /// `access.write = "dtls"`, a PUT without a client certificate gets 4.01
-/// and one with the CA's client certificate is taken.
+/// and one with the CA's client certificate is taken; a GET with Observe
+/// gets notifications on its connection.
 #[test]
 fn coaps_over_websockets_with_certificates() {
     use mintgate_coap::wire::{Code, Framing, Signal, TcpPacket};
     let (pki, dir) = pki();
     let (p, ws) = serve_tls_listener(&pki, &dir, "ws_bind");
-    // one request on a fresh connection; the answer's code and payload
-    let ask = |cert: Option<(&PathBuf, &PathBuf)>, req: &[u8]| {
+    // one request on a fresh connection; the codes and payloads of the
+    // first `n` messages after the CSM (the answer, then notifications)
+    let ask_n = |cert: Option<(&PathBuf, &PathBuf)>, req: &[u8], n: usize| {
         use tungstenite::client::IntoClientRequest;
         let tls = mintgate_gateway::coap_tcp::client_tls_config(
             &pki.ca,
@@ -865,21 +876,33 @@ fn coaps_over_websockets_with_certificates() {
         .emit_vec(Framing::WebSocket, &[], &mut csm);
         c.send(tungstenite::Message::binary(csm)).unwrap();
         c.send(tungstenite::Message::binary(req.to_vec())).unwrap();
-        loop {
+        let mut got = Vec::new();
+        while got.len() < n {
             if let tungstenite::Message::Binary(m) = c.read().expect("an answer") {
                 let p = TcpPacket::new_checked(&m[..], Framing::WebSocket).unwrap();
                 if p.code() != Code::CSM {
-                    return (p.code(), p.payload().to_vec());
+                    got.push((p.code(), p.payload().to_vec()));
                 }
             }
         }
+        got
     };
+    let ask = |cert, req: &[u8]| ask_n(cert, req, 1).remove(0);
     let get = [&[0x01, Code::GET.0, b't', 0xB7][..], b"request"].concat();
     assert_eq!(ask(None, &get), (Code::CONTENT, b"hello world".to_vec()));
     let put = [&[0x01, Code::PUT.0, b't', 0xB4][..], b"echo\xFFhi"].concat();
     assert_eq!(ask(None, &put).0, Code::UNAUTHORIZED, "no certificate");
     let cert = (&pki.client_cert, &pki.client_key);
     assert_eq!(ask(Some(cert), &put).0, Code::CHANGED, "the CA's client");
+    // Observe over coaps+ws: a GET with Observe: 0 of the sensor (200 ms)
+    // gets its answer, then notifications on the same connection
+    let observe = [
+        &[0x01, Code::GET.0, b'o', 0x60, 0x57][..],
+        b"sensors\x05temp0",
+    ]
+    .concat();
+    let got = ask_n(None, &observe, 4);
+    assert!(got.iter().all(|(c, _)| *c == Code::CONTENT), "{got:?}");
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -28,20 +28,27 @@
 //! then each binary WebSocket message is one CoAP message without the
 //! length field, held to our Max-Message-Size by tungstenite's own message
 //! and frame limits. `coaps+ws` (`coaps.ws_bind`) is the same over TLS.
+//!
+//! Observe (RFC 7641 over RFC 8323 7.2) works on all four: each connection
+//! has a listener index of its own in the endpoint's one Observe registry,
+//! and its notifications come to it through an [`Outboxes`] entry (see
+//! there for how that is bounded). The relations of a connection end when
+//! it closes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use mintgate_coap::server::observe::{Token, RELIABLE};
 use mintgate_coap::server::source::Source;
 use mintgate_coap::server::tcp::{AbortReason, Closed, Connection, ConnectionConfig};
 use mintgate_coap::server::{Answer, Request};
 use mintgate_coap::wire::tcp::FrameError;
-use mintgate_coap::wire::Framing;
+use mintgate_coap::wire::{Framing, Packet};
 use parking_lot::Mutex;
 
 /// Bytes a WebSocket client may send before its upgrade is complete (the
@@ -72,8 +79,14 @@ impl Transport {
     }
 }
 
-/// Answers one request (in RFC 7252 form) with at most the given payload.
-pub type Serve = Arc<dyn Fn(&Request<'_>, usize) -> Answer + Send + Sync>;
+/// Answers one request (in RFC 7252 form) with at most the given payload;
+/// the last argument is the connection's listener index (for Observe, see
+/// [`Outboxes`]).
+pub type Serve = Arc<dyn Fn(&Request<'_>, usize, usize) -> Answer + Send + Sync>;
+
+/// Notifications an outbox holds at most (one per relation; see
+/// [`Outboxes`]).
+pub const OUTBOX_MESSAGES: usize = 16;
 
 /// How often a connection thread wakes to check its timers and shutdown.
 const TICK: Duration = Duration::from_millis(100);
@@ -104,6 +117,12 @@ pub struct TcpStats {
     pub requests: AtomicU64,
     /// Connections open now.
     pub open: AtomicU64,
+    /// Observe notifications sent on connections.
+    pub notifications: AtomicU64,
+    /// Observe notifications dropped: a newer one for the same relation
+    /// replaced it, the outbox was full, or it was larger than the peer's
+    /// Max-Message-Size.
+    pub notifications_dropped: AtomicU64,
 }
 
 impl TcpStats {
@@ -118,8 +137,144 @@ impl TcpStats {
                 ("mintgate_coap_tcp_refused_total", "CoAP-over-TCP connections closed at once (over tcp_max_connections or tcp_max_per_source).", v(&self.refused)),
                 ("mintgate_coap_tcp_aborted_total", "CoAP-over-TCP connections aborted (malformed frame, frame over Max-Message-Size, no CSM first, bad CSM, stalled frame; over WebSockets also an upgrade refused or not completed in time).", v(&self.aborted)),
                 ("mintgate_coap_tcp_requests_total", "Requests answered over CoAP over TCP.", v(&self.requests)),
+                ("mintgate_coap_tcp_notifications_total", "Observe notifications sent over CoAP over TCP and WebSockets.", v(&self.notifications)),
+                ("mintgate_coap_tcp_notifications_dropped_total", "Observe notifications over CoAP over TCP and WebSockets not sent: superseded by a newer one of the same relation before the connection took it, its outbox full, or larger than the peer's Max-Message-Size.", v(&self.notifications_dropped)),
             ],
         );
+    }
+}
+
+/// Observe over the reliable transports: the notifications waiting for
+/// their connections, one bounded outbox per open connection, found by the
+/// connection's listener index (at or above [`RELIABLE`], the index its
+/// relations carry in the endpoint's Observe registry).
+///
+/// Bounded, and never blocking the notifier: the one notifier thread serves
+/// every observer (over UDP too), so it must not wait for a connection
+/// whose peer does not read. [`Outboxes::push`] therefore never waits: an
+/// outbox keeps one notification per relation (a newer one for the same
+/// token replaces the one waiting, as a newer state replaces a notification
+/// not yet delivered in RFC 7641 4.5.2) and at most [`OUTBOX_MESSAGES`] in
+/// all, dropping the oldest when full; drops are counted. Observe needs
+/// only the latest state, so dropping is better than closing here. The
+/// connection's thread moves what waits into its connection after each
+/// read or tick (so at most one tick, 100 ms, later, and a relation whose
+/// resource changes faster gets its newest state once a tick) and writes
+/// it under the connection's write timeout (`tcp_frame_timeout_ms`): a
+/// peer that does not take it in that time is disconnected, and its
+/// relations end. A client that never reads thus holds one outbox and the
+/// socket's buffers, never more.
+pub struct Outboxes {
+    next: AtomicUsize,
+    open: Mutex<HashMap<usize, Arc<Mutex<Waiting>>>>,
+    stats: Arc<TcpStats>,
+    on_close: Box<dyn Fn(usize) + Send + Sync>,
+}
+
+type Waiting = VecDeque<(Token, Vec<u8>)>;
+
+impl Outboxes {
+    /// No connection yet; `on_close` is called with a connection's listener
+    /// index when it closes (its Observe relations end).
+    pub fn new(stats: Arc<TcpStats>, on_close: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        Outboxes {
+            next: AtomicUsize::new(0),
+            open: Mutex::new(HashMap::new()),
+            stats,
+            on_close: Box::new(on_close),
+        }
+    }
+
+    /// An outbox for a new connection, closed when dropped.
+    pub fn open(self: &Arc<Self>) -> Outbox {
+        // RELIABLE is a power of two: the low bits number the connections
+        let id = RELIABLE | (self.next.fetch_add(1, Relaxed) & (RELIABLE - 1));
+        let waiting = Arc::new(Mutex::new(VecDeque::new()));
+        self.open.lock().insert(id, waiting.clone());
+        Outbox {
+            id,
+            waiting,
+            owner: self.clone(),
+        }
+    }
+
+    /// Connections with an outbox now.
+    pub fn len(&self) -> usize {
+        self.open.lock().len()
+    }
+
+    /// True when no connection has an outbox.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Leaves notification `udp` (RFC 7252 form) for connection `id`;
+    /// never waits. Nothing happens when the connection has closed.
+    pub fn push(&self, id: usize, udp: Vec<u8>) {
+        let Some(w) = self.open.lock().get(&id).cloned() else {
+            return;
+        };
+        let Ok(token) = Packet::new_checked(&udp[..]).map(|p| Token::new(p.token())) else {
+            return;
+        };
+        let mut w = w.lock();
+        let mut dropped = 0;
+        if let Some(i) = w.iter().position(|(t, _)| *t == token) {
+            w.remove(i);
+            dropped += 1;
+        }
+        w.push_back((token, udp));
+        while w.len() > OUTBOX_MESSAGES {
+            w.pop_front();
+            dropped += 1;
+        }
+        drop(w);
+        self.stats.notifications_dropped.fetch_add(dropped, Relaxed);
+    }
+}
+
+/// One connection's outbox (see [`Outboxes`]); dropping it closes it and
+/// ends the connection's Observe relations.
+pub struct Outbox {
+    id: usize,
+    waiting: Arc<Mutex<Waiting>>,
+    owner: Arc<Outboxes>,
+}
+
+impl Outbox {
+    /// The connection's listener index.
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// Moves the notifications waiting into `c`, counting them; returns
+    /// how many it took.
+    pub fn deliver(&self, c: &mut Connection) -> usize {
+        let waiting = std::mem::take(&mut *self.waiting.lock());
+        let mut sent = 0;
+        for (_, m) in &waiting {
+            if c.notify(m) {
+                sent += 1;
+            }
+        }
+        let stats = &self.owner.stats;
+        stats.notifications.fetch_add(sent as u64, Relaxed);
+        stats
+            .notifications_dropped
+            .fetch_add((waiting.len() - sent) as u64, Relaxed);
+        sent
+    }
+
+    /// Notifications waiting now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.lock().len()
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        self.owner.open.lock().remove(&self.id);
+        (self.owner.on_close)(self.id);
     }
 }
 
@@ -135,6 +290,7 @@ struct Shared {
     settings: TcpSettings,
     transport: Transport,
     serve: Serve,
+    outboxes: Arc<Outboxes>,
     stop: Arc<AtomicBool>,
     stats: Arc<TcpStats>,
     /// Open connections per source.
@@ -143,14 +299,15 @@ struct Shared {
 
 impl TcpServer {
     /// Binds every address and starts the accept threads, speaking
-    /// `transport`.
+    /// `transport`; Observe notifications come through `outboxes`.
     pub fn start(
         binds: &[SocketAddr],
         settings: TcpSettings,
         transport: Transport,
         serve: Serve,
-        stats: Arc<TcpStats>,
+        outboxes: Arc<Outboxes>,
     ) -> io::Result<TcpServer> {
+        let stats = outboxes.stats.clone();
         let listeners = binds
             .iter()
             .map(|a| {
@@ -169,6 +326,7 @@ impl TcpServer {
             settings,
             transport,
             serve,
+            outboxes,
             stop: stop.clone(),
             stats: stats.clone(),
             sources: Mutex::new(HashMap::new()),
@@ -320,17 +478,18 @@ fn serve_connection(sh: &Shared, s: TcpStream, peer: SocketAddr) {
     {
         return;
     }
+    let ob = sh.outboxes.open();
     match &sh.transport {
-        Transport::Tcp => run(sh, s, peer, |_| None),
-        Transport::Ws => run_ws(sh, s, peer, |_| None),
+        Transport::Tcp => run(sh, s, peer, &ob, |_| None),
+        Transport::Ws => run_ws(sh, s, peer, &ob, |_| None),
         Transport::Tls(cfg) => {
             if let Ok(conn) = rustls::ServerConnection::new(cfg.clone()) {
-                run(sh, TlsStream::new(conn, s), peer, tls_identity);
+                run(sh, TlsStream::new(conn, s), peer, &ob, tls_identity);
             }
         }
         Transport::Wss(cfg) => {
             if let Ok(conn) = rustls::ServerConnection::new(cfg.clone()) {
-                run_ws(sh, TlsStream::new(conn, s), peer, tls_identity);
+                run_ws(sh, TlsStream::new(conn, s), peer, &ob, tls_identity);
             }
         }
     }
@@ -379,11 +538,13 @@ impl Shut for TlsStream {
 }
 
 /// Hands `c` what came in (`input` calls the connection with the serve
-/// function), answering its requests as the peer `who`, and counts them.
+/// function), answering its requests as the peer `who` on connection
+/// `conn` (its listener index), and counts them.
 fn feed(
     sh: &Shared,
     c: &mut Connection,
     who: Option<&str>,
+    conn: usize,
     input: impl FnOnce(&mut Connection, &mut dyn FnMut(&Request<'_>, usize) -> Answer),
 ) {
     let serve = &*sh.serve;
@@ -394,7 +555,7 @@ fn feed(
             packet: r.packet,
             identity: r.identity.or(who),
         };
-        serve(&r, max)
+        serve(&r, max, conn)
     });
     sh.stats
         .requests
@@ -426,11 +587,12 @@ fn would_block(e: &io::Error) -> bool {
 
 /// The connection's loop over stream `s`; `identity` says who the peer
 /// proved to be (read after each receive: a TLS handshake completes on the
-/// way).
+/// way); Observe notifications come from `ob`.
 fn run<S: Read + Write + Shut>(
     sh: &Shared,
     mut s: S,
     peer: SocketAddr,
+    ob: &Outbox,
     identity: impl Fn(&S) -> Option<String>,
 ) {
     let set = &sh.settings;
@@ -452,7 +614,10 @@ fn run<S: Read + Write + Shut>(
                 if who.is_none() {
                     who = identity(&s);
                 }
-                feed(sh, &mut c, who.as_deref(), |c, serve| {
+                // what was planned before these requests goes before
+                // their answers (an Observe: 1 is followed by nothing)
+                ob.deliver(&mut c);
+                feed(sh, &mut c, who.as_deref(), ob.id(), |c, serve| {
                     c.receive(now, &buf[..n], serve)
                 });
             }
@@ -461,6 +626,9 @@ fn run<S: Read + Write + Shut>(
                 tracing::debug!(%peer, error = %e, "coap over tcp/tls: read");
                 break;
             }
+        }
+        if ob.deliver(&mut c) > 0 {
+            last = now;
         }
         ok = flush(&mut s, &mut c);
     }
@@ -556,11 +724,12 @@ fn send_ws<S: Read + Write>(ws: &mut tungstenite::WebSocket<S>, c: &mut Connecti
 
 /// The loop of a `coap+ws` connection over stream `s`: the upgrade
 /// (bounded in time and bytes), then one CoAP message per binary
-/// WebSocket message.
+/// WebSocket message; Observe notifications come from `ob`.
 fn run_ws<S: Read + Write + Shut>(
     sh: &Shared,
     s: S,
     peer: SocketAddr,
+    ob: &Outbox,
     identity: impl Fn(&S) -> Option<String>,
 ) {
     use tungstenite::handshake::HandshakeError;
@@ -620,7 +789,8 @@ fn run_ws<S: Read + Write + Shut>(
         match r {
             Ok(Message::Binary(m)) => {
                 last = now;
-                feed(sh, &mut c, who.as_deref(), |c, serve| {
+                ob.deliver(&mut c);
+                feed(sh, &mut c, who.as_deref(), ob.id(), |c, serve| {
                     c.receive_message(&m, serve)
                 });
             }
@@ -650,6 +820,9 @@ fn run_ws<S: Read + Write + Shut>(
                 }
                 break;
             }
+        }
+        if ob.deliver(&mut c) > 0 {
+            last = now;
         }
         ok = send_ws(&mut ws, &mut c);
     }
@@ -754,4 +927,133 @@ pub fn client_tls_config(
     };
     cfg.alpn_protocols = vec![b"coap".to_vec()];
     Ok(Arc::new(cfg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mintgate_coap::server::tcp::ConnectionConfig;
+    use mintgate_coap::wire::{Code, MessageType, MessageWriter, OptionNumber, Signal};
+
+    /// A 2.05 notification in RFC 7252 form with Observe `seq`.
+    fn note(token: &[u8], seq: u32) -> Vec<u8> {
+        let mut buf = [0u8; 64];
+        let mut w =
+            MessageWriter::new(&mut buf, MessageType::Non, Code::CONTENT, 7, token).unwrap();
+        w.option_uint(OptionNumber::OBSERVE, seq).unwrap();
+        w.payload(b"21.5").unwrap();
+        let n = w.finish();
+        buf[..n].to_vec()
+    }
+
+    fn outboxes() -> (Arc<Outboxes>, Arc<Mutex<Vec<usize>>>) {
+        let closed: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let c = closed.clone();
+        let o = Arc::new(Outboxes::new(Arc::default(), move |id| c.lock().push(id)));
+        (o, closed)
+    }
+
+    /// A connection whose peer sent its CSM, with our CSM written.
+    fn connection() -> Connection {
+        let mut c = Connection::new(
+            Framing::Stream,
+            "127.0.0.1:9".parse().unwrap(),
+            ConnectionConfig::default(),
+        );
+        let mut csm = Vec::new();
+        Signal::Csm {
+            max_message_size: None,
+            block_wise: false,
+        }
+        .emit_vec(Framing::Stream, &[], &mut csm);
+        c.receive(Instant::now(), &csm, &mut |_, _| Answer::Silent);
+        let n = c.output().len();
+        c.consume_output(n);
+        c
+    }
+
+    /// The Observe values framed in `c`'s output, by token.
+    fn sent(c: &Connection) -> Vec<(Vec<u8>, u32)> {
+        let mut v = Vec::new();
+        let mut rest = c.output();
+        while let Ok(Some(n)) = mintgate_coap::wire::tcp::frame_len(rest) {
+            let p =
+                mintgate_coap::wire::TcpPacket::new_checked(&rest[..n as usize], Framing::Stream)
+                    .unwrap();
+            let seq = p
+                .options()
+                .find(|o| o.number == OptionNumber::OBSERVE)
+                .and_then(|o| mintgate_coap::wire::decode_uint(o.value))
+                .unwrap();
+            v.push((p.token().to_vec(), seq));
+            rest = &rest[n as usize..];
+        }
+        v
+    }
+
+    #[test]
+    fn a_connection_that_never_takes_its_notifications_holds_a_bounded_outbox() {
+        let (o, _) = outboxes();
+        let ob = o.open();
+        assert!(is_reliable_id(ob.id()));
+        // the connection's thread is stuck (its peer never reads): the
+        // notifier goes on pushing and is never held up
+        for seq in 0..10_000u32 {
+            o.push(ob.id(), note(&[(seq % 40) as u8], seq));
+        }
+        assert_eq!(ob.waiting(), OUTBOX_MESSAGES);
+        assert_eq!(
+            o.stats.notifications_dropped.load(Relaxed),
+            10_000 - OUTBOX_MESSAGES as u64
+        );
+        // what is left is the newest, each relation's latest
+        let mut c = connection();
+        assert_eq!(ob.deliver(&mut c), OUTBOX_MESSAGES);
+        let got = sent(&c);
+        let want: Vec<(Vec<u8>, u32)> = (10_000 - OUTBOX_MESSAGES as u32..10_000)
+            .map(|s| (vec![(s % 40) as u8], s))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(o.stats.notifications.load(Relaxed), OUTBOX_MESSAGES as u64);
+        assert_eq!(ob.waiting(), 0);
+    }
+
+    #[test]
+    fn a_newer_notification_replaces_the_waiting_one_of_its_relation() {
+        let (o, _) = outboxes();
+        let ob = o.open();
+        for seq in 2..6 {
+            o.push(ob.id(), note(b"a", seq));
+        }
+        o.push(ob.id(), note(b"b", 2));
+        assert_eq!(ob.waiting(), 2);
+        let mut c = connection();
+        ob.deliver(&mut c);
+        assert_eq!(sent(&c), vec![(b"a".to_vec(), 5), (b"b".to_vec(), 2)]);
+        assert_eq!(o.stats.notifications_dropped.load(Relaxed), 3);
+    }
+
+    #[test]
+    fn a_closed_connection_ends_its_relations_and_takes_nothing_more() {
+        let (o, closed) = outboxes();
+        let (a, b) = (o.open(), o.open());
+        assert_ne!(a.id(), b.id());
+        assert_eq!(o.len(), 2);
+        let id = a.id();
+        o.push(id, note(b"a", 2));
+        drop(a);
+        assert_eq!(*closed.lock(), vec![id], "told once, with its id");
+        assert_eq!(o.len(), 1);
+        // a notification planned before the close finds no one
+        o.push(id, note(b"a", 3));
+        assert_eq!(b.waiting(), 0);
+        assert_eq!(o.stats.notifications_dropped.load(Relaxed), 0);
+        drop(b);
+        assert!(o.is_empty());
+        assert_eq!(closed.lock().len(), 2);
+    }
+
+    fn is_reliable_id(id: usize) -> bool {
+        mintgate_coap::server::observe::is_reliable(id)
+    }
 }

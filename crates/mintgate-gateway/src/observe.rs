@@ -122,7 +122,7 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
         ),
         (
             "mintgate_observe_removed_total",
-            "Observers removed (Observe: 1, Reset, unacknowledged CON, error); by reason in mintgate_observe_ended_total.",
+            "Observers removed (Observe: 1, Reset, unacknowledged CON, error, its TCP or WebSocket connection closed); by reason in mintgate_observe_ended_total.",
             ended,
         ),
         (

@@ -25,6 +25,13 @@
 //! Bounds: `max_observers` in all and `max_per_source` per source (an IPv4
 //! address or an IPv6 /64, [`Source`]), so one host cannot fill the
 //! registry.
+//!
+//! Reliable transports (RFC 8323: TCP, TLS, WebSockets) share the
+//! registry, its bounds and its sequence numbers. Each such connection has
+//! a listener index of its own, at or above [`RELIABLE`]: RFC 8323 2 says
+//! these transports have no message types, so none of their notifications
+//! is confirmable (no CON, no ACK awaited), and their relations end when
+//! the connection closes ([`Registry::remove_listener`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,6 +42,15 @@ use crate::wire::{OptionNumber, Packet};
 
 /// 2^24: Observe sequence numbers wrap here.
 pub const SEQ_MODULO: u32 = 1 << 24;
+
+/// Listener indices from here on are reliable connections (RFC 8323), one
+/// index per connection; below are the datagram listeners (UDP, DTLS).
+pub const RELIABLE: usize = usize::MAX / 2 + 1;
+
+/// Whether `listener` is a reliable connection (see [`RELIABLE`]).
+pub fn is_reliable(listener: usize) -> bool {
+    listener >= RELIABLE
+}
 
 /// A token, inline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -175,15 +191,18 @@ pub enum Ended {
     Unacknowledged,
     /// A notification was not 2.05 (the resource is gone or failed).
     NotContent,
+    /// Its reliable connection (TCP, TLS, WebSockets) closed.
+    Closed,
 }
 
 impl Ended {
     /// Every reason, in the order metrics list them.
-    pub const ALL: [Ended; 4] = [
+    pub const ALL: [Ended; 5] = [
         Ended::Deregistered,
         Ended::Reset,
         Ended::Unacknowledged,
         Ended::NotContent,
+        Ended::Closed,
     ];
 
     /// A short name for metric labels.
@@ -193,6 +212,7 @@ impl Ended {
             Ended::Reset => "reset",
             Ended::Unacknowledged => "unacknowledged",
             Ended::NotContent => "not_content",
+            Ended::Closed => "closed",
         }
     }
 }
@@ -360,6 +380,27 @@ impl Registry {
         false
     }
 
+    /// Removes every observer that registered on `listener` (a reliable
+    /// connection that closed); returns how many there were.
+    pub fn remove_listener(&mut self, listener: usize) -> usize {
+        let mut gone = Vec::new();
+        self.by_path.retain(|_, v| {
+            v.retain(|o| {
+                let keep = o.listener != listener;
+                if !keep {
+                    gone.push(o.peer);
+                }
+                keep
+            });
+            !v.is_empty()
+        });
+        self.count -= gone.len();
+        for p in &gone {
+            self.uncount(p);
+        }
+        gone.len()
+    }
+
     /// Removes every observer of `path` (the resource is gone).
     pub fn remove_path(&mut self, path: &str) -> Vec<Observer> {
         let v = self.by_path.remove(path).unwrap_or_default();
@@ -380,15 +421,17 @@ impl Registry {
         v.iter_mut()
             .map(|o| {
                 o.seq = (o.seq + 1) % SEQ_MODULO;
-                // a replacement for the CON in flight stays confirmable
-                let con = o.con_mid.is_some()
-                    || o.since_con + 1 >= cfg.con_every.max(1)
-                    || now.saturating_duration_since(o.last_con) >= cfg.con_interval;
+                // a replacement for the CON in flight stays confirmable;
+                // a reliable connection has no CON at all
+                let con = !is_reliable(o.listener)
+                    && (o.con_mid.is_some()
+                        || o.since_con + 1 >= cfg.con_every.max(1)
+                        || now.saturating_duration_since(o.last_con) >= cfg.con_interval);
                 if con {
                     o.since_con = 0;
                     o.last_con = now;
                 } else {
-                    o.since_con += 1;
+                    o.since_con = o.since_con.saturating_add(1);
                 }
                 Notification {
                     peer: o.peer,
@@ -515,6 +558,41 @@ mod tests {
     }
 
     #[test]
+    fn a_reliable_connection_gets_no_con_and_its_close_ends_its_relations() {
+        let mut r = Registry::new(ObserveConfig {
+            max_observers: 4,
+            con_every: 1,
+            con_interval: Duration::ZERO,
+            max_per_source: 3,
+        });
+        let t = Instant::now();
+        let (tcp, other) = (RELIABLE + 7, RELIABLE + 8);
+        assert!(is_reliable(tcp) && !is_reliable(0));
+        assert_eq!(r.register("a", peer(1), b"x", tcp, None, 20, t), Ok(1));
+        assert_eq!(r.register("b", peer(1), b"y", tcp, None, 20, t), Ok(1));
+        assert_eq!(r.register("a", peer(2), b"x", other, None, 20, t), Ok(1));
+        // the source is full across UDP and TCP alike
+        assert_eq!(
+            r.register("a", peer(3), b"x", 0, None, 20, t),
+            Err(Full::Source)
+        );
+        // con_every 1 makes every UDP notification CON; none over TCP
+        for round in 0..3u32 {
+            let n = r.plan("a", t);
+            assert_eq!(n.len(), 2);
+            assert!(n.iter().all(|n| !n.confirmable && n.replaces.is_none()));
+            assert!(n.iter().all(|n| n.seq == round + 2), "{n:?}");
+        }
+        assert_eq!(r.remove_listener(tcp), 2);
+        assert_eq!(r.len(), 1);
+        assert!(r.observers("b").is_empty());
+        assert_eq!(r.of_source(&peer(1)), 1, "peer 2's relation stays");
+        assert_eq!(r.remove_listener(tcp), 0);
+        assert_eq!(r.register("a", peer(3), b"x", 0, None, 20, t), Ok(1));
+        assert!(r.plan("a", t).iter().any(|n| n.confirmable), "UDP: CON");
+    }
+
+    #[test]
     fn freshness_follows_rfc_7641() {
         let t = Instant::now();
         assert!(fresher(1, t, 2, t));
@@ -529,15 +607,20 @@ mod tests {
 
     proptest! {
         #[test]
-        fn count_matches_entries(ops in proptest::collection::vec((0u8..4, 0u16..4, 0u8..3), 0..60)) {
+        fn count_matches_entries(ops in proptest::collection::vec((0u8..5, 0u16..4, 0u8..3), 0..60)) {
             let mut r = Registry::new(ObserveConfig { max_observers: 5, max_per_source: 3, ..ObserveConfig::default() });
             let t = Instant::now();
             for (op, p, tok) in ops {
                 let path = if tok == 0 { "a" } else { "b" };
                 match op {
-                    0 | 1 => { let _ = r.register(path, peer(p), &[tok], 0, None, 20, t); }
+                    // odd ports register over a reliable connection each
+                    0 | 1 => {
+                        let li = if p % 2 == 1 { RELIABLE + p as usize } else { 0 };
+                        let _ = r.register(path, peer(p), &[tok], li, None, 20, t);
+                    }
                     2 => { r.deregister(peer(p), &[tok]); }
-                    _ => { r.remove_path(path); }
+                    3 => { r.remove_path(path); }
+                    _ => { r.remove_listener(RELIABLE + p as usize); }
                 }
                 let entries: usize = ["a", "b"].iter().map(|p| r.observers(p).len()).sum();
                 prop_assert_eq!(entries, r.len());

@@ -18,9 +18,15 @@
 //! is reliable. The caller reads and writes the socket, and calls
 //! [`Connection::handle_timeout`] now and then.
 //!
+//! Observe (RFC 7641 over RFC 8323 7.2): the caller registers observers
+//! when it answers a GET with Observe, and hands the notifications, in RFC
+//! 7252 form, to [`Connection::notify`], which frames them like responses
+//! (no message type, no message ID, no ACK).
+//!
 //! Bounded: the input buffer never holds more than one frame of at most
 //! Max-Message-Size bytes; the output buffer holds what the caller has not
-//! yet written (the answers to at most one read's worth of requests).
+//! yet written (the answers to at most one read's worth of requests, and
+//! the notifications handed over since the last write).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -110,6 +116,11 @@ pub struct ConnectionStats {
     pub responses: u64,
     /// Pings answered.
     pub pings: u64,
+    /// Notifications sent.
+    pub notifications: u64,
+    /// Notifications not sent: larger than the peer's Max-Message-Size, or
+    /// the connection was closing.
+    pub notifications_dropped: u64,
     /// Messages ignored (0.00 Empty, responses, Pongs).
     pub ignored: u64,
 }
@@ -289,6 +300,29 @@ impl Connection {
     /// When [`Connection::handle_timeout`] has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.partial_since.map(|t| t + self.cfg.frame_timeout)
+    }
+
+    /// Queues a notification (`udp`: the message in RFC 7252 form, its
+    /// type and message ID are dropped) for the peer; false when it was
+    /// not queued (the connection is closing, no CSM has come yet, or the
+    /// frame would be larger than the peer's Max-Message-Size: a
+    /// notification is never cut, and the next one may fit).
+    pub fn notify(&mut self, udp: &[u8]) -> bool {
+        let at = self.out.len();
+        let queued = self.closed.is_none()
+            && self.peer_csm
+            && Packet::new_checked(udp)
+                .map(|p| frame_from_udp(self.framing, &p, &mut self.out))
+                .is_ok()
+            && self.out.len() - at <= self.peer_max as usize;
+        if queued {
+            self.end_message();
+            self.stats.notifications += 1;
+        } else {
+            self.out.truncate(at);
+            self.stats.notifications_dropped += 1;
+        }
+        queued
     }
 
     /// Sends a Release (shutting down, idle) and ends the connection.

@@ -87,6 +87,22 @@ impl Gateway {
             pool.clone(),
             Instant::now(),
         ));
+        let tcp_stats: Option<Arc<crate::coap_tcp::TcpStats>> = [
+            &cfg.coap.tcp_bind,
+            &cfg.coap.ws_bind,
+            &cfg.coaps.tcp_bind,
+            &cfg.coaps.ws_bind,
+        ]
+        .iter()
+        .any(|b| !b.is_empty())
+        .then(Arc::default);
+        // a connection that closes ends its Observe relations
+        let outboxes = tcp_stats.as_ref().map(|st| {
+            let ep = endpoint.clone();
+            Arc::new(crate::coap_tcp::Outboxes::new(st.clone(), move |conn| {
+                ep.end_connection(conn);
+            }))
+        });
         let shared = Arc::new(Shared {
             pool,
             router: RwLock::new(Arc::new(router)),
@@ -105,15 +121,8 @@ impl Gateway {
             started: Instant::now(),
             access: crate::access::AccessPolicy::new(cfg.access.clone()),
             dashboard_refused: Default::default(),
-            tcp_stats: [
-                &cfg.coap.tcp_bind,
-                &cfg.coap.ws_bind,
-                &cfg.coaps.tcp_bind,
-                &cfg.coaps.ws_bind,
-            ]
-            .iter()
-            .any(|b| !b.is_empty())
-            .then(Arc::default),
+            tcp_stats,
+            outboxes,
             oscore,
             health: crate::health::Health::new(thread_names),
             cfg,
@@ -196,7 +205,7 @@ impl Gateway {
                 .spawn(move || fatal_on_panic("notifier", || notify_loop(&sh)))?,
         );
         let (mut tcp, mut tls_tcp, mut ws, mut tls_ws) = (None, None, None, None);
-        if let Some(stats) = &shared.tcp_stats {
+        if let Some(outboxes) = &shared.outboxes {
             let c = &shared.cfg.coap;
             let settings = crate::coap_tcp::TcpSettings {
                 max_connections: c.tcp_max_connections,
@@ -210,7 +219,7 @@ impl Gateway {
             };
             let sh = shared.clone();
             let serve: crate::coap_tcp::Serve =
-                Arc::new(move |req: &Request<'_>, _max| serve_reliable(&sh, req));
+                Arc::new(move |req: &Request<'_>, _max, conn| serve_reliable(&sh, req, conn));
             use crate::coap_tcp::Transport;
             let start = |binds: &[SocketAddr], transport| {
                 crate::coap_tcp::TcpServer::start(
@@ -218,7 +227,7 @@ impl Gateway {
                     settings.clone(),
                     transport,
                     serve.clone(),
-                    stats.clone(),
+                    outboxes.clone(),
                 )
                 .map_err(|source| StartError::BindTcp {
                     addrs: binds.to_vec(),

@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mintgate_buf::Pool;
+use mintgate_coap::server::observe::is_reliable;
 use mintgate_coap::server::{Datagram, Endpoint, Router, Transmit};
 use mintgate_sched::PipelineCounters;
 use parking_lot::RwLock;
@@ -123,6 +124,9 @@ struct Shared {
     /// CoAP over TCP (`coap.tcp_bind`): its counters, rendered when it
     /// serves.
     tcp_stats: Option<Arc<crate::coap_tcp::TcpStats>>,
+    /// Observe notifications waiting for their CoAP-over-TCP and
+    /// -WebSocket connections, when those listeners serve.
+    outboxes: Option<Arc<crate::coap_tcp::Outboxes>>,
     /// OSCORE contexts (`[oscore]`), when any.
     oscore: Option<crate::oscore::OscoreServer>,
     /// The pipeline threads' last loops and the readiness checks
@@ -157,6 +161,21 @@ impl Shared {
             let (s, f) = sb.flush(&self.listeners[i]);
             self.counters.sh_sent.fetch_add(s as u64, Relaxed);
             self.counters.sh_errors.fetch_add(f as u64, Relaxed);
+        }
+    }
+
+    /// Sends one of the endpoint's transmissions: through its listener's
+    /// batch in `sbs`, or, for a reliable connection (CoAP over TCP, TLS or
+    /// WebSockets), to that connection's outbox.
+    fn send(&self, sbs: &mut [SendBatch], t: Transmit) {
+        if is_reliable(t.listener) {
+            // only notifications come here: a connection's answers go
+            // back on its own thread, and nothing to it is confirmable
+            if let (Some(o), Datagram::Message(m)) = (&self.outboxes, &t.datagram) {
+                o.push(t.listener, m.to_vec());
+            }
+        } else if let Some(sb) = sbs.get_mut(t.listener) {
+            self.transmit(sb, t);
         }
     }
 

@@ -19,8 +19,7 @@ pub(super) fn timer_loop(sh: &Shared) {
         let now = Instant::now();
         sh.endpoint.handle_timeout(now);
         while let Some(t) = sh.endpoint.poll_transmit() {
-            let li = t.listener;
-            sh.transmit(&mut sbs[li], t);
+            sh.send(&mut sbs, t);
         }
         sh.flush(&mut sbs);
         // coaps: handshake retransmissions, idle and stalled sessions
@@ -36,7 +35,8 @@ pub(super) fn timer_loop(sh: &Shared) {
 }
 
 /// The `coap-notify` thread: has the endpoint render and send the
-/// notifications of the resources marked changed.
+/// notifications of the resources marked changed (those to CoAP-over-TCP
+/// and -WebSocket observers go to their connections' outboxes).
 pub(super) fn notify_loop(sh: &Shared) {
     let mut sbs = send_batches(sh);
     let mut out = Vec::new();
@@ -51,8 +51,7 @@ pub(super) fn notify_loop(sh: &Shared) {
         for p in &paths {
             sh.endpoint.notify(now, &router, p, &mut out);
             for t in out.drain(..) {
-                let li = t.listener;
-                sh.transmit(&mut sbs[li], t);
+                sh.send(&mut sbs, t);
             }
         }
         sh.flush(&mut sbs);

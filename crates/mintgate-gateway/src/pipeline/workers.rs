@@ -292,15 +292,19 @@ pub(super) fn handle_guarded(
     })
 }
 
-/// Answers a request that came over a reliable transport (CoAP over TCP):
-/// the same access rules, router and request layer (Block1 included) as
-/// over UDP, without the message layer's de-duplication, message IDs and
-/// retransmissions, and without Observe registration (a GET with Observe
-/// is answered as a plain GET).
-pub(super) fn serve_reliable(sh: &Shared, req: &Request<'_>) -> Answer {
+/// Answers a request that came over a reliable transport (CoAP over TCP,
+/// TLS or WebSockets) on connection `connection` (its listener index): the
+/// same access rules, router and request layer (Block1 included) as over
+/// UDP, without the message layer's de-duplication, message IDs and
+/// retransmissions. A GET with Observe registers in the endpoint's Observe
+/// registry as over UDP; the notifications go to the connection's outbox.
+pub(super) fn serve_reliable(sh: &Shared, req: &Request<'_>, connection: usize) -> Answer {
     let router = sh.router.read().clone();
-    match handle_guarded(sh, Instant::now(), &router, req, req.identity, None) {
-        Handled::Respond(rb) => {
+    let now = Instant::now();
+    match handle_guarded(sh, now, &router, req, req.identity, None) {
+        Handled::Respond(mut rb) => {
+            sh.endpoint
+                .observe_reliable(now, &router, req, connection, &mut rb);
             finish_response(&sh.pool, rb, MessageType::Ack, 0, req.packet.token())
         }
         Handled::Silent => Answer::Silent,

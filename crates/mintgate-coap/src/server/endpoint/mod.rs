@@ -259,7 +259,7 @@ pub struct EndpointStats {
     /// Registrations refused: the source had its share.
     pub observe_refused_source: AtomicU64,
     /// Relations ended, by [`Ended`] in [`Ended::ALL`] order.
-    pub observe_ended: [AtomicU64; 4],
+    pub observe_ended: [AtomicU64; Ended::ALL.len()],
     /// Notifications sent (first transmissions).
     pub notifications: AtomicU64,
     /// Of which confirmable.
@@ -293,8 +293,12 @@ impl EndpointStats {
     }
 
     fn end(&self, why: Ended) {
+        self.end_many(why, 1);
+    }
+
+    fn end_many(&self, why: Ended, n: u64) {
         self.observe_ended[Ended::ALL.iter().position(|e| *e == why).unwrap_or(0)]
-            .fetch_add(1, Relaxed);
+            .fetch_add(n, Relaxed);
     }
 }
 
@@ -607,7 +611,13 @@ impl Endpoint {
     ) -> Responded {
         let p = req.packet;
         if let Handled::Respond(rb) = &mut handled {
-            self.observe_on_request(now, router, req, &ticket, rb);
+            // a verified source's notifications are not held to a size
+            let request_len = if ticket.verified {
+                usize::MAX / 4
+            } else {
+                ticket.request_len
+            };
+            self.observe_on_request(now, router, req, ticket.listener, request_len, rb);
         }
         let acked = ticket.con
             && self.slots[ticket.slot]
@@ -725,7 +735,8 @@ impl Endpoint {
         now: Instant,
         router: &Router,
         req: &Request<'_>,
-        ticket: &Ticket,
+        listener: usize,
+        request_len: usize,
         rb: &mut ResponseBuilder,
     ) {
         match observe_request(req.packet) {
@@ -746,17 +757,11 @@ impl Endpoint {
                     .option(OptionNumber::ACCEPT)
                     .and_then(|o| o.uint())
                     .map(|v| v as u16);
-                // a verified source's notifications are not held to a size
-                let request_len = if ticket.verified {
-                    usize::MAX / 4
-                } else {
-                    ticket.request_len
-                };
                 let got = self.observe.lock().register(
                     r.path(),
                     req.peer,
                     req.packet.token(),
-                    ticket.listener,
+                    listener,
                     accept,
                     request_len,
                     now,
@@ -776,6 +781,37 @@ impl Endpoint {
                 }
             }
         }
+    }
+
+    /// Observe for a request that came over a reliable connection (RFC
+    /// 8323: TCP, TLS, WebSockets) whose listener index is `connection`
+    /// (at or above [`super::observe::RELIABLE`], one per connection): a
+    /// GET with `Observe: 0` registers in the same registry, under the
+    /// same bounds, as over UDP, and `rb` gets the Observe value; `Observe:
+    /// 1` deregisters. The connection's handshake verified the address, so
+    /// notifications are not held to the request's size, and none is
+    /// confirmable: notifications for `connection` come out of
+    /// [`Endpoint::notify`] as NON messages for the caller to frame and
+    /// send on that connection. [`Endpoint::end_connection`] when it
+    /// closes.
+    pub fn observe_reliable(
+        &self,
+        now: Instant,
+        router: &Router,
+        req: &Request<'_>,
+        connection: usize,
+        rb: &mut ResponseBuilder,
+    ) {
+        debug_assert!(super::observe::is_reliable(connection));
+        self.observe_on_request(now, router, req, connection, usize::MAX / 4, rb);
+    }
+
+    /// The reliable connection `connection` closed: its relations end
+    /// (counted as [`Ended::Closed`]); returns how many there were.
+    pub fn end_connection(&self, connection: usize) -> usize {
+        let n = self.observe.lock().remove_listener(connection);
+        self.stats.end_many(Ended::Closed, n as u64);
+        n
     }
 
     /// The resource at `path` changed: renders its GET answer for each
@@ -821,7 +857,10 @@ impl Endpoint {
             if ok {
                 rb.option_uint(OptionNumber::OBSERVE, n.seq);
             }
-            let mid = self.next_mid();
+            // a reliable connection frames it without a message ID: none
+            // is taken from the datagram listeners' space
+            let reliable = super::observe::is_reliable(n.listener);
+            let mid = if reliable { 0 } else { self.next_mid() };
             let ty = if n.confirmable {
                 MessageType::Con
             } else {
@@ -838,7 +877,7 @@ impl Endpoint {
                 if self.observe.lock().deregister(n.peer, n.token.as_slice()) {
                     self.stats.end(Ended::NotContent);
                 }
-            } else {
+            } else if !reliable {
                 self.observe
                     .lock()
                     .sent(path, n.peer, n.token, mid, n.confirmable);

@@ -414,3 +414,90 @@ fn a_short_duplicate_from_an_unverified_source_gets_no_more_than_its_share() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A GET of /obs over a reliable connection as the gateway answers it:
+/// process, then Observe; the response's Observe value, if any.
+fn over_connection(
+    ep: &Endpoint,
+    r: &Router,
+    now: Instant,
+    conn: usize,
+    observe: &[u8],
+) -> Option<u32> {
+    let req = get(
+        MessageType::Con,
+        0,
+        "obs",
+        &[(OptionNumber::OBSERVE, observe)],
+    );
+    let p = Packet::new_checked(req.as_slice()).unwrap();
+    let rq = Request {
+        peer: peer(9),
+        packet: &p,
+        identity: None,
+    };
+    let Handled::Respond(mut rb) = ep.process(now, r, &rq) else {
+        panic!("answered");
+    };
+    ep.observe_reliable(now, r, &rq, conn, &mut rb);
+    let Answer::Send(o) = finish_response(ep.pool(), rb, MessageType::Ack, 0, p.token()) else {
+        panic!("encoded");
+    };
+    let v = o.to_vec();
+    let rp = Packet::new_checked(v.as_slice()).unwrap();
+    rp.option(OptionNumber::OBSERVE).and_then(|o| o.uint())
+}
+
+#[test]
+fn a_reliable_connection_observes_without_con_and_close_or_removal_ends_it() {
+    use crate::server::observe::RELIABLE;
+    let ep = Endpoint::new(EndpointConfig::default(), pool(), Instant::now());
+    let r = router();
+    let t0 = Instant::now();
+    let conn = RELIABLE + 3;
+    assert_eq!(over_connection(&ep, &r, t0, conn, &[]), Some(1));
+    assert_eq!(ep.observers(), 1);
+    // a UDP observer too: its first notification is CON
+    assert!(register(&ep, &r, t0, peer(1), 1));
+    let mut seqs = Vec::new();
+    for s in 1..=5u64 {
+        let t = t0 + Duration::from_secs(s);
+        let mut out = Vec::new();
+        ep.notify(t, &r, "obs", &mut out);
+        let tcp: Vec<_> = out.iter().filter(|t| t.listener == conn).collect();
+        assert_eq!(tcp.len(), 1, "one notification per change");
+        let v = tcp[0].datagram.to_vec();
+        let p = Packet::new_checked(v.as_slice()).unwrap();
+        assert_eq!((p.msg_type(), p.message_id()), (MessageType::Non, 0));
+        seqs.push(p.option(OptionNumber::OBSERVE).unwrap().uint().unwrap());
+        // nothing to retransmit to the connection
+        ep.handle_timeout(t);
+        while let Some(x) = ep.poll_transmit() {
+            assert_ne!(x.listener, conn);
+        }
+    }
+    assert_eq!(seqs, [2, 3, 4, 5, 6]);
+    // Observe: 1 deregisters, a new registration comes back
+    assert_eq!(over_connection(&ep, &r, t0, conn, &[1]), None);
+    assert_eq!(ep.stats().ended(Ended::Deregistered), 1);
+    assert_eq!(over_connection(&ep, &r, t0, conn, &[]), Some(1));
+    // the connection closes: its relation ends, the UDP one stays
+    assert_eq!(ep.end_connection(conn), 1);
+    assert_eq!(ep.end_connection(conn), 0);
+    assert_eq!(ep.stats().ended(Ended::Closed), 1);
+    assert_eq!(ep.observers(), 1);
+    assert!(ep.stats().retransmissions.load(Relaxed) > 0, "UDP's CON");
+    // the resource goes away: a last 4.04 to the connection ends it too
+    assert_eq!(over_connection(&ep, &r, t0, conn, &[]), Some(1));
+    let mut out = Vec::new();
+    ep.notify(t0, &Router::new(), "obs", &mut out);
+    let last: Vec<_> = out.iter().filter(|t| t.listener == conn).collect();
+    assert_eq!(last.len(), 1);
+    let v = last[0].datagram.to_vec();
+    assert_eq!(
+        Packet::new_checked(v.as_slice()).unwrap().code(),
+        Code::NOT_FOUND
+    );
+    assert_eq!(ep.stats().ended(Ended::NotContent), 2, "both relations");
+    assert_eq!(ep.observers(), 0);
+}

@@ -393,3 +393,69 @@ fn ws_csm() -> Vec<u8> {
     .emit_vec(Framing::WebSocket, &[], &mut v);
     v
 }
+
+/// A 2.05 notification in RFC 7252 form (NON, a message ID), with Observe
+/// `seq` and a payload of `len` bytes.
+fn udp_notification(token: &[u8], seq: u32, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len + 64];
+    let mut w =
+        crate::wire::MessageWriter::new(&mut buf, MessageType::Non, Code::CONTENT, 0x1234, token)
+            .unwrap();
+    w.option_uint(OptionNumber::OBSERVE, seq).unwrap();
+    w.payload(&vec![b'n'; len]).unwrap();
+    let n = w.finish();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn notifications_are_framed_without_type_and_held_to_the_peer_max() {
+    for framing in [Framing::Stream, Framing::WebSocket] {
+        let mut c = Connection::new(framing, peer(), ConnectionConfig::default());
+        let csm_len = c.output().len();
+        c.consume_output(csm_len);
+        // nothing before the peer's CSM
+        assert!(!c.notify(&udp_notification(b"ob", 2, 4)));
+        let mut peer_csm = Vec::new();
+        Signal::Csm {
+            max_message_size: Some(1152),
+            block_wise: false,
+        }
+        .emit_vec(framing, &[], &mut peer_csm);
+        let mut serve = |_: &Request<'_>, _: usize| Answer::Silent;
+        match framing {
+            Framing::Stream => c.receive(Instant::now(), &peer_csm, &mut serve),
+            Framing::WebSocket => c.receive_message(&peer_csm, &mut serve),
+        }
+        assert!(c.notify(&udp_notification(b"ob", 3, 4)));
+        // larger than the peer takes: not sent, and not cut
+        assert!(!c.notify(&udp_notification(b"ob", 4, 2000)));
+        assert!(c.notify(&udp_notification(b"ob", 5, 5)));
+        assert!(!c.notify(b"\x40"), "not a message");
+        let mut got = Vec::new();
+        while let Some(m) = c.next_message() {
+            let m = m.to_vec();
+            let p = TcpPacket::new_checked(&m[..], framing).unwrap();
+            let seq = p
+                .options()
+                .find(|o| o.number == OptionNumber::OBSERVE)
+                .and_then(|o| crate::wire::decode_uint(o.value));
+            got.push((p.code(), p.token().to_vec(), seq, p.payload().len()));
+            c.consume_output(m.len());
+        }
+        assert_eq!(
+            got,
+            vec![
+                (Code::CONTENT, b"ob".to_vec(), Some(3), 4),
+                (Code::CONTENT, b"ob".to_vec(), Some(5), 5)
+            ],
+            "{framing:?}"
+        );
+        assert_eq!(
+            (c.stats().notifications, c.stats().notifications_dropped),
+            (2, 3)
+        );
+        c.release();
+        assert!(!c.notify(&udp_notification(b"ob", 6, 4)), "closing");
+    }
+}
