@@ -20,8 +20,9 @@
 #
 # Tunables (environment): ROUNDS (3), DURATION (5s), WARMUP (5s), CLIENTS x
 # WINDOW (8 x 16), MG_ARGS (extra `mintgate serve` arguments), OUT (folder
-# for the JSON results; default a temporary one). The binary is
-# ${CARGO_TARGET_DIR:-target}/release/mintgate, built here.
+# for the JSON results; default a temporary one), BIN (a mintgate built
+# with the feature labs; default ${CARGO_TARGET_DIR:-target}/release/mintgate,
+# built here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,8 +39,10 @@ for tool in coap-server-notls coap-client-notls python3; do
     command -v "$tool" >/dev/null || { echo "$tool not found (libcoap3-bin, python3)" >&2; exit 1; }
 done
 
-cargo build --release -q -p mintgate-cli --features labs
-BIN=${CARGO_TARGET_DIR:-$PWD/target}/release/mintgate
+if [ -z "${BIN:-}" ]; then
+    cargo build --release -q -p mintgate-cli --features labs
+    BIN=${CARGO_TARGET_DIR:-$PWD/target}/release/mintgate
+fi
 case $BIN in /*) ;; *) BIN=$PWD/$BIN ;; esac
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"

@@ -38,20 +38,6 @@ pub struct BenchArgs {
     /// --rate, --gso, --gro and --shared-socket do not apply.
     #[arg(required_unless_present = "compare", conflicts_with = "compare")]
     uri: Option<String>,
-    /// Protect every request with OSCORE (RFC 8613) and verify every
-    /// answer, coap:// only: a context file as `mintgate get --oscore`
-    /// takes it (its sequence number kept in NAME.seq beside it, reserved
-    /// 65536 at a time). Repeat the flag for several contexts: the clients take
-    /// them round robin (each thread needs one of its own). Clients that
-    /// share a context share its sequence numbers, which the server's
-    /// replay window takes only while they arrive at most 64 out of order:
-    /// one context per client is the safe load. An answer that does not
-    /// verify (or comes unprotected, e.g. a 4.01) is an error, counted as
-    /// undecryptable. A server that lost its replay window (restarted)
-    /// first wants an Echo round trip: run `mintgate get --oscore` once
-    /// per context before. Several files may also be given comma-separated.
-    #[arg(long, value_name = "CONTEXT-FILE", value_delimiter = ',')]
-    oscore: Vec<PathBuf>,
     /// Non-confirmable requests (the default).
     #[arg(long, conflicts_with = "con")]
     non: bool,
@@ -105,6 +91,20 @@ pub struct BenchArgs {
     /// all of the clients' addresses.
     #[arg(long)]
     shared_socket: bool,
+    /// Protect every request with OSCORE (RFC 8613) and verify every
+    /// answer, coap:// only: a context file as `mintgate get --oscore`
+    /// takes it (its sequence number kept in NAME.seq beside it, reserved
+    /// 65536 at a time). Repeat the flag for several contexts: the clients take
+    /// them round robin (each thread needs one of its own). Clients that
+    /// share a context share its sequence numbers, which the server's
+    /// replay window takes only while they arrive at most 64 out of order:
+    /// one context per client is the safe load. An answer that does not
+    /// verify (or comes unprotected, e.g. a 4.01) is an error, counted as
+    /// undecryptable. A server that lost its replay window (restarted)
+    /// first wants an Echo round trip: run `mintgate get --oscore` once
+    /// per context before. Several files may also be given comma-separated.
+    #[arg(long, value_name = "CONTEXT-FILE", value_delimiter = ',')]
+    oscore: Vec<PathBuf>,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,

@@ -31,6 +31,12 @@
 //!   once and patched with message ID and token per send; responses are read
 //!   and requests sent with `recvmmsg`/`sendmmsg`; nothing allocates per
 //!   request. Latency is timed from a timestamp kept per outstanding request.
+//! - **Over TCP** ([`Transport::Tcp`], RFC 8323): each client is one
+//!   connection that sends its CSM and waits for the server's, then keeps
+//!   `window` requests outstanding, matched by token (closed loop only).
+//! - **With OSCORE** ([`run_protected`], RFC 8613): every request is
+//!   protected under its client's security context and every answer
+//!   verified; one that does not verify counts as an error.
 //! - **Bounded**: sending stops at `warmup + duration`; the run then drains
 //!   until every request is answered or timed out, at most `timeout` more.
 //!
