@@ -1,5 +1,8 @@
 //! `mintgate bench`: load-generate against one CoAP server, or against
 //! several in turn (`--compare NAME=URI ...`) and print their ratios.
+//! The URI's scheme picks the transport: `coap://` UDP, `coap+tcp://` one
+//! TCP connection per client (RFC 8323); `--oscore` protects every
+//! request with OSCORE (RFC 8613) over UDP.
 //!
 //! The load itself is [`mintgate_loadgen::run`]; this module parses the
 //! command line, shows progress on stderr (only when it is a terminal) and
@@ -8,13 +11,16 @@
 //! 1 on an error (bad URI, too many clients, ...).
 
 use std::io::IsTerminal;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mintgate_loadgen::{LoadReport, LoadSpec, Mode, Phase, Progress};
+use mintgate_coap::uri::Scheme;
+use mintgate_coap::wire::OptionNumber;
+use mintgate_loadgen::{LoadReport, LoadSpec, Mode, Phase, Progress, Transport};
 use serde_json::json;
 
 /// Arguments of `mintgate bench`.
@@ -25,7 +31,11 @@ listens, or everything was lost), 3 when one answered only with errors (4.xx/5.x
 wrong), 1 for other errors, 2 for usage errors."
 )]
 pub struct BenchArgs {
-    /// The resource to GET, e.g. coap://127.0.0.1:5683/request (not with --compare).
+    /// The resource to GET, e.g. coap://127.0.0.1:5683/request (not with
+    /// --compare). coap+tcp://HOST[:PORT]/PATH loads CoAP over TCP (RFC
+    /// 8323): each client is one connection, which sends its CSM and waits
+    /// for the server's before its requests; closed loop only, and --con,
+    /// --rate, --gso, --gro and --shared-socket do not apply.
     #[arg(required_unless_present = "compare", conflicts_with = "compare")]
     uri: Option<String>,
     /// Non-confirmable requests (the default).
@@ -35,7 +45,8 @@ pub struct BenchArgs {
     /// --timeout counts as lost.
     #[arg(long)]
     con: bool,
-    /// Logical clients, each with its own UDP socket (source port).
+    /// Logical clients, each with its own UDP socket (source port), or its
+    /// own TCP connection.
     #[arg(long, default_value_t = 8)]
     clients: usize,
     /// Closed loop: requests each client keeps outstanding.
@@ -80,6 +91,20 @@ pub struct BenchArgs {
     /// all of the clients' addresses.
     #[arg(long)]
     shared_socket: bool,
+    /// Protect every request with OSCORE (RFC 8613) and verify every
+    /// answer, coap:// only: a context file as `mintgate get --oscore`
+    /// takes it (its sequence number kept in NAME.seq beside it, reserved
+    /// 65536 at a time). Repeat the flag for several contexts: the clients take
+    /// them round robin (each thread needs one of its own). Clients that
+    /// share a context share its sequence numbers, which the server's
+    /// replay window takes only while they arrive at most 64 out of order:
+    /// one context per client is the safe load. An answer that does not
+    /// verify (or comes unprotected, e.g. a 4.01) is an error, counted as
+    /// undecryptable. A server that lost its replay window (restarted)
+    /// first wants an Echo round trip: run `mintgate get --oscore` once
+    /// per context before. Several files may also be given comma-separated.
+    #[arg(long, value_name = "CONTEXT-FILE", value_delimiter = ',')]
+    oscore: Vec<PathBuf>,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -126,8 +151,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let targets = named
         .into_iter()
         .map(|(name, uri)| {
-            let (target, path) = parse_coap_uri(&uri)?;
+            let (target, path, transport) = parse_coap_uri(&uri)?;
+            if transport == Transport::Tcp && !args.oscore.is_empty() {
+                bail!("{uri:?}: --oscore is benchmarked over coap:// (UDP) only");
+            }
             let mut spec = LoadSpec::new(target, path, mode);
+            spec.transport = transport;
             spec.confirmable = args.con;
             spec.duration = args.duration;
             spec.warmup = args.warmup;
@@ -147,10 +176,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
         let label = if t.name.is_empty() { &t.uri } else { &t.name };
         if !args.json {
-            println!("{}", describe(label, &t.spec));
+            println!("{}", describe(label, &t.spec, args.oscore.len()));
         }
-        let report =
-            run_with_progress(label, &t.spec).with_context(|| format!("benchmarking {}", t.uri))?;
+        let contexts = args
+            .oscore
+            .iter()
+            .map(|f| crate::client::oscore_context(f, OSCORE_SEQ_STEP))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let report = run_with_progress(label, &t.spec, contexts)
+            .with_context(|| format!("benchmarking {}", t.uri))?;
         if !args.json && t.name.is_empty() {
             print_report(&report);
         }
@@ -161,7 +195,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let runs: Vec<_> = targets
             .iter()
             .zip(&reports)
-            .map(|(t, r)| report_json(t, r, &reports[0]))
+            .map(|(t, r)| report_json(t, r, &reports[0], args.oscore.len()))
             .collect();
         let out = if args.compare.is_empty() {
             runs.into_iter().next().unwrap_or_default()
@@ -205,8 +239,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Runs one load with an indicatif bar on stderr (hidden unless a terminal).
-fn run_with_progress(label: &str, spec: &LoadSpec) -> anyhow::Result<LoadReport> {
+/// Sequence numbers an OSCORE context file reserves per write: the bench
+/// sends tens of thousands a second, and a write is a sync to disk.
+const OSCORE_SEQ_STEP: u64 = 65536;
+
+/// Runs one load with an indicatif bar on stderr (hidden unless a
+/// terminal), protected with `contexts` unless there are none.
+fn run_with_progress(
+    label: &str,
+    spec: &LoadSpec,
+    contexts: Vec<mintgate_coap::oscore::Context>,
+) -> anyhow::Result<LoadReport> {
     let total = spec.warmup + spec.duration;
     let target = if std::io::stderr().is_terminal() {
         ProgressDrawTarget::stderr()
@@ -220,7 +263,7 @@ fn run_with_progress(label: &str, spec: &LoadSpec) -> anyhow::Result<LoadReport>
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_prefix(label.to_string());
-    let report = mintgate_loadgen::run(spec, |p: &Progress| {
+    let report = mintgate_loadgen::run_protected(spec, contexts, |p: &Progress| {
         bar.set_position((p.elapsed.min(p.total)).as_millis() as u64);
         let phase = match p.phase {
             Phase::Warmup => "warm-up",
@@ -241,8 +284,17 @@ fn run_with_progress(label: &str, spec: &LoadSpec) -> anyhow::Result<LoadReport>
 }
 
 /// One line saying what load is about to run.
-fn describe(label: &str, s: &LoadSpec) -> String {
-    let ty = if s.confirmable { "CON" } else { "NON" };
+fn describe(label: &str, s: &LoadSpec, oscore: usize) -> String {
+    let ty = match (s.transport, oscore) {
+        (Transport::Tcp, _) => "coap+tcp".to_string(),
+        (_, 0) if s.confirmable => "CON".to_string(),
+        (_, 0) => "NON".to_string(),
+        (_, n) => format!(
+            "{} OSCORE ({n} context{})",
+            if s.confirmable { "CON" } else { "NON" },
+            if n == 1 { "" } else { "s" }
+        ),
+    };
     let load = match s.mode {
         Mode::Closed { clients, window } => {
             format!("closed loop, {clients} clients x {window} outstanding")
@@ -282,6 +334,9 @@ fn print_report(r: &LoadReport) {
     println!("  received    {}", r.received);
     println!("  lost        {} ({:.2} %)", r.lost, 100.0 * r.loss_ratio());
     println!("  errors      {}", r.errors);
+    if r.undecryptable > 0 {
+        println!("  of which undecryptable {}", r.undecryptable);
+    }
     if r.in_trains > 0 {
         println!("  in GRO trains {} datagrams", r.in_trains);
     }
@@ -363,7 +418,12 @@ fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
-fn report_json(t: &Target, r: &LoadReport, base: &LoadReport) -> serde_json::Value {
+fn report_json(
+    t: &Target,
+    r: &LoadReport,
+    base: &LoadReport,
+    oscore_contexts: usize,
+) -> serde_json::Value {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let (kind, clients, window, rate) = match t.spec.mode {
         Mode::Closed { clients, window } => ("closed", clients, Some(window), None),
@@ -376,7 +436,18 @@ fn report_json(t: &Target, r: &LoadReport, base: &LoadReport) -> serde_json::Val
         "name": t.name,
         "uri": t.uri,
         "target": t.spec.target.to_string(),
-        "type": if t.spec.confirmable { "CON" } else { "NON" },
+        "transport": match t.spec.transport {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+        },
+        "oscore_contexts": oscore_contexts,
+        "type": if t.spec.transport == Transport::Tcp {
+            "TCP"
+        } else if t.spec.confirmable {
+            "CON"
+        } else {
+            "NON"
+        },
         "mode": kind,
         "clients": clients,
         "window": window,
@@ -392,6 +463,7 @@ fn report_json(t: &Target, r: &LoadReport, base: &LoadReport) -> serde_json::Val
         "lost": r.lost,
         "loss_ratio": r.loss_ratio(),
         "errors": r.errors,
+        "undecryptable": r.undecryptable,
         "unmatched": r.unmatched,
         "in_trains": r.in_trains,
         "skipped": r.skipped,
@@ -427,48 +499,40 @@ fn fmt_secs(d: Duration) -> String {
     format!("{}s", d.as_secs_f64())
 }
 
-/// Parses `coap://HOST[:PORT][/PATH]` into the server address and the path
-/// (`/` when absent). HOST is an IPv4 address, a bracketed IPv6 address or a
-/// name (the first address it resolves to). Queries and fragments are not
-/// supported by the benchmark.
-fn parse_coap_uri(uri: &str) -> anyhow::Result<(SocketAddr, String)> {
-    let Some(rest) = uri.strip_prefix("coap://") else {
-        bail!("{uri:?}: only coap:// URIs can be benchmarked");
-    };
-    if rest.contains(['?', '#']) {
-        bail!("{uri:?}: queries and fragments are not supported by bench");
-    }
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let Some((h, after)) = v6.split_once(']') else {
-            bail!("{uri:?}: unterminated IPv6 address");
-        };
-        (h, after)
-    } else {
-        match authority.find(':') {
-            Some(i) => authority.split_at(i),
-            None => (authority, ""),
+/// Parses `coap://HOST[:PORT][/PATH]` or `coap+tcp://...` (with the one
+/// URI parser, [`mintgate_coap::uri`]) into the server address, the path
+/// (`/` when absent) and the transport. HOST is an IPv4 address, a
+/// bracketed IPv6 address or a name (the first address it resolves to).
+/// Queries are not supported by the benchmark.
+fn parse_coap_uri(uri: &str) -> anyhow::Result<(SocketAddr, String, Transport)> {
+    let (u, scheme) = mintgate_coap::uri::parse_scheme(uri).with_context(|| format!("{uri:?}"))?;
+    let transport = match scheme {
+        Scheme::Coap => Transport::Udp,
+        Scheme::CoapTcp => Transport::Tcp,
+        Scheme::Coaps | Scheme::CoapsTcp => {
+            bail!("{uri:?}: only coap:// and coap+tcp:// URIs can be benchmarked")
         }
     };
-    let port = match port.strip_prefix(':') {
-        Some(p) => p
-            .parse::<u16>()
-            .with_context(|| format!("{uri:?}: bad port {p:?}"))?,
-        None if port.is_empty() => 5683,
-        None => bail!("{uri:?}: unexpected {port:?} after the host"),
-    };
-    if host.is_empty() {
-        bail!("{uri:?}: no host");
+    let mut path = String::new();
+    for (n, v) in &u.options {
+        match *n {
+            OptionNumber::URI_PATH => {
+                let seg = std::str::from_utf8(v)
+                    .ok()
+                    .filter(|s| !s.contains('/'))
+                    .with_context(|| format!("{uri:?}: a path segment bench cannot send"))?;
+                path.push('/');
+                path.push_str(seg);
+            }
+            OptionNumber::URI_QUERY => bail!("{uri:?}: queries are not supported by bench"),
+            _ => {}
+        }
     }
-    let addr = (host, port)
-        .to_socket_addrs()
-        .with_context(|| format!("{uri:?}: cannot resolve {host:?}"))?
-        .next()
-        .with_context(|| format!("{uri:?}: {host:?} has no address"))?;
-    Ok((addr, path.to_string()))
+    if path.is_empty() {
+        path.push('/');
+    }
+    let addr = crate::common::resolve(&u).with_context(|| format!("{uri:?}"))?;
+    Ok((addr, path, transport))
 }
 
 /// A duration of at most one hour: every load run is bounded (see
@@ -487,14 +551,21 @@ mod tests {
 
     #[test]
     fn parses_uris() {
-        let (a, p) = parse_coap_uri("coap://127.0.0.1:5684/request").unwrap();
+        let (a, p, t) = parse_coap_uri("coap://127.0.0.1:5684/request").unwrap();
         assert_eq!(a, "127.0.0.1:5684".parse().unwrap());
-        assert_eq!(p, "/request");
-        let (a, p) = parse_coap_uri("coap://[::1]/a/b").unwrap();
+        assert_eq!((p.as_str(), t), ("/request", Transport::Udp));
+        let (a, p, _) = parse_coap_uri("coap://[::1]/a/b").unwrap();
         assert_eq!(a, "[::1]:5683".parse().unwrap());
         assert_eq!(p, "/a/b");
-        let (a, p) = parse_coap_uri("coap://127.0.0.1").unwrap();
+        let (a, p, _) = parse_coap_uri("coap://127.0.0.1").unwrap();
         assert_eq!((a.port(), p.as_str()), (5683, "/"));
+        let (a, p, t) = parse_coap_uri("coap+tcp://127.0.0.1/request").unwrap();
+        assert_eq!(
+            (a.port(), p.as_str(), t),
+            (5683, "/request", Transport::Tcp)
+        );
+        assert!(parse_coap_uri("coaps://127.0.0.1/").is_err());
+        assert!(parse_coap_uri("coaps+tcp://127.0.0.1/").is_err());
         assert!(parse_coap_uri("http://127.0.0.1/").is_err());
         assert!(parse_coap_uri("coap://127.0.0.1:99999/").is_err());
         assert!(parse_coap_uri("coap://127.0.0.1/x?y=1").is_err());

@@ -428,7 +428,10 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         payload,
     };
     let mut oscore = match &args.oscore {
-        Some(f) => Some(oscore_context(f)?),
+        Some(f) => Some(oscore_context(
+            f,
+            mintgate_gateway::oscore::DEFAULT_SEQ_STEP,
+        )?),
         None => None,
     };
     let mut status = ExitCode::SUCCESS;
@@ -451,21 +454,19 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The OSCORE context of `--oscore FILE`, its sequence number in
-/// NAME.seq beside the file.
-fn oscore_context(f: &std::path::Path) -> anyhow::Result<mintgate_coap::oscore::Context> {
+/// NAME.seq beside the file, reserved `step` numbers at a time.
+pub(crate) fn oscore_context(
+    f: &std::path::Path,
+    step: u64,
+) -> anyhow::Result<mintgate_coap::oscore::Context> {
     let cfg = mintgate_gateway::oscore::ContextConfig::from_file(f)
         .map_err(|e| anyhow::anyhow!("--oscore: {e}"))?;
     let dir = match f.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => std::path::Path::new("."),
     };
-    let (ctx, _) = mintgate_gateway::oscore::open_context(
-        &cfg,
-        dir,
-        dir,
-        mintgate_gateway::oscore::DEFAULT_SEQ_STEP,
-    )
-    .map_err(|e| anyhow::anyhow!("--oscore {}: {e}", f.display()))?;
+    let (ctx, _) = mintgate_gateway::oscore::open_context(&cfg, dir, dir, step)
+        .map_err(|e| anyhow::anyhow!("--oscore {}: {e}", f.display()))?;
     Ok(ctx)
 }
 

@@ -19,20 +19,7 @@ use mintgate_coap::wire::tcp::frame_len;
 use mintgate_coap::wire::{Code, Framing, Signal, TcpPacket};
 
 fn have(cmd: &str, what: &str) -> bool {
-    let found = Command::new(cmd)
-        .arg("-h")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        assert!(
-            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
-            "{cmd} is required (MINTGATE_REQUIRE_PEERS is set) but not on PATH"
-        );
-        eprintln!("skipping: {cmd} ({what}) is not on PATH");
-    }
-    found
+    common::have_command(cmd, what)
 }
 
 fn aiocoap_client() -> Option<std::path::PathBuf> {
@@ -150,14 +137,7 @@ fn mintgate_client_over_tcp_against_libcoap_server() {
             .spawn()
             .expect("start coap-server-notls"),
     );
-    let end = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < end,
-            "coap-server-notls does not listen on tcp {port}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_tcp(port, Duration::from_secs(10));
     let uri = |p: &str| format!("coap+tcp://127.0.0.1:{port}/{p}");
     let out = mintgate(&["get", &uri(""), "--timeout", "5s"]);
     assert!(out.status.success(), "{out:?}");

@@ -31,6 +31,12 @@
 //!   once and patched with message ID and token per send; responses are read
 //!   and requests sent with `recvmmsg`/`sendmmsg`; nothing allocates per
 //!   request. Latency is timed from a timestamp kept per outstanding request.
+//! - **Over TCP** ([`Transport::Tcp`], RFC 8323): each client is one
+//!   connection that sends its CSM and waits for the server's, then keeps
+//!   `window` requests outstanding, matched by token (closed loop only).
+//! - **With OSCORE** ([`run_protected`], RFC 8613): every request is
+//!   protected under its client's security context and every answer
+//!   verified; one that does not verify counts as an error.
 //! - **Bounded**: sending stops at `warmup + duration`; the run then drains
 //!   until every request is answered or timed out, at most `timeout` more.
 //!
@@ -44,10 +50,12 @@
 //! successful (2.xx) responses that *arrived* during the measured period.
 
 mod histogram;
+mod oscore;
 pub mod probe;
 mod schedule;
 mod slots;
 mod sys;
+mod tcp;
 mod template;
 mod worker;
 
@@ -55,7 +63,9 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use worker::{ClientIo, Counts, Driver, Live, Offload, Timing, Worker};
+use mintgate_coap::oscore::Context;
+use tcp::TcpWorker;
+use worker::{ClientIo, Counts, Driver, Live, Offload, Outcome, Timing, Worker};
 
 pub use histogram::Histogram;
 use schedule::Schedule;
@@ -89,11 +99,25 @@ impl Mode {
     }
 }
 
+/// How requests reach the server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// CoAP over UDP (RFC 7252), NON or CON.
+    #[default]
+    Udp,
+    /// CoAP over TCP (RFC 8323): one connection per client, closed loop
+    /// only; the options for UDP (CON, GSO, GRO, a shared socket) do not
+    /// apply.
+    Tcp,
+}
+
 /// What load to put on which server.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadSpec {
     /// The server.
     pub target: SocketAddr,
+    /// UDP or TCP.
+    pub transport: Transport,
     /// The resource to GET, e.g. `/request`.
     pub path: String,
     /// CON (true) or NON requests.
@@ -138,6 +162,7 @@ impl LoadSpec {
     pub fn new(target: SocketAddr, path: impl Into<String>, mode: Mode) -> LoadSpec {
         LoadSpec {
             target,
+            transport: Transport::Udp,
             path: path.into(),
             confirmable: false,
             mode,
@@ -208,6 +233,16 @@ impl LoadSpec {
         if self.target.port() == 0 {
             return bad("the target port must not be 0");
         }
+        if self.transport == Transport::Tcp {
+            if !matches!(self.mode, Mode::Closed { .. }) {
+                return bad("over TCP the load is a closed loop only (a window, not a rate)");
+            }
+            if self.confirmable || self.gso || self.gro || self.shared_socket {
+                return bad(
+                    "CON, GSO, GRO and a shared socket are for UDP: over TCP there are none",
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -270,7 +305,7 @@ pub struct Progress {
     pub received: u64,
     /// Requests timed out.
     pub lost: u64,
-    /// Non-2.xx responses and Resets.
+    /// Non-2.xx responses, Resets and answers that did not verify.
     pub errors: u64,
     /// 2.xx responses per second since the previous snapshot.
     pub rate: f64,
@@ -303,15 +338,21 @@ pub struct LoadReport {
     pub received: u64,
     /// Of those, not answered within the timeout.
     pub lost: u64,
-    /// Of the received, answers that were not 2.xx (including Resets).
+    /// Of the received, answers that were not 2.xx (including Resets, and
+    /// with OSCORE those that did not verify).
     pub errors: u64,
+    /// With OSCORE: of the errors, answers that did not verify or decrypt
+    /// (an unprotected refusal such as 4.01 counts here too).
+    pub undecryptable: u64,
     /// Datagrams that matched no outstanding request: late answers after a
     /// timeout, duplicates, or not CoAP responses to us.
     pub unmatched: u64,
     /// Open loop: scheduled sends not made because the client already had
     /// the most requests outstanding or its socket buffer was full.
     pub skipped: u64,
-    /// Failed system calls on the sockets (e.g. connection refused).
+    /// Failed system calls on the sockets (e.g. connection refused), TCP
+    /// connections that failed or closed, and OSCORE requests that could
+    /// not be protected.
     pub io_errors: u64,
     /// With [`LoadSpec::gro`]: datagrams (warm-up included) that arrived
     /// inside a coalesced train of several; always 0 without it.
@@ -359,12 +400,46 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(200);
 /// Runs the load described by `spec`, calling `progress` about every 200 ms
 /// and once at the end; returns when the run is over (after at most
 /// `warmup + duration + timeout` plus set-up).
-pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<LoadReport, LoadError> {
+pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, progress: F) -> Result<LoadReport, LoadError> {
+    run_protected(spec, Vec::new(), progress)
+}
+
+/// Like [`run`], every request protected with OSCORE (RFC 8613) and every
+/// answer verified, unless `contexts` is empty (UDP only). Worker thread
+/// `t` takes contexts `t`, `t + threads`, ... (so at least one per thread
+/// is needed) and gives them to its clients round robin; clients that
+/// share a context share its sequence numbers, which the server's replay
+/// window takes as long as it sees them at most 64 out of order (one
+/// context per client avoids the question). An answer that does not
+/// verify (or comes unprotected) is an error, counted in `undecryptable`.
+pub fn run_protected<F: FnMut(&Progress)>(
+    spec: &LoadSpec,
+    contexts: Vec<Context>,
+    mut progress: F,
+) -> Result<LoadReport, LoadError> {
     spec.validate()?;
     let cap = spec.slots_per_client()?;
     let template = RequestTemplate::new(&spec.path, spec.confirmable).map_err(LoadError::Path)?;
     let clients = spec.mode.clients();
     let threads = spec.threads.clamp(1, clients);
+    if !contexts.is_empty() {
+        if spec.transport != Transport::Udp {
+            return Err(LoadError::Invalid(
+                "OSCORE is benchmarked over UDP only".into(),
+            ));
+        }
+        if contexts.len() < threads {
+            return Err(LoadError::Invalid(format!(
+                "{} OSCORE contexts for {threads} threads: give at least one per thread \
+                 (a context is never shared between threads)",
+                contexts.len()
+            )));
+        }
+    }
+    let mut per_thread: Vec<Vec<Context>> = (0..threads).map(|_| Vec::new()).collect();
+    for (j, c) in contexts.into_iter().enumerate() {
+        per_thread[j % threads].push(c);
+    }
 
     let limit = sys::raise_nofile_limit().map_err(|e| LoadError::Io("RLIMIT_NOFILE", e))?;
     let sockets = if spec.shared_socket { threads } else { clients };
@@ -377,7 +452,17 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
         });
     }
 
-    let ios = client_io(spec, clients, threads)?;
+    let share = |t: usize| share_of(clients, threads, t);
+    let ios = match spec.transport {
+        Transport::Udp => client_io(spec, clients, threads)?,
+        Transport::Tcp => Vec::new(),
+    };
+    let conns: Vec<_> = match spec.transport {
+        Transport::Tcp => (0..threads)
+            .map(|t| tcp::connect(spec.target, share(t), spec.timeout))
+            .collect(),
+        Transport::Udp => Vec::new(),
+    };
 
     let start = Instant::now() + Duration::from_millis(20);
     let measure_start = start + spec.warmup;
@@ -389,7 +474,12 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
     };
     let bins = spec.duration.as_secs_f64().ceil() as usize;
     let mut workers = Vec::with_capacity(threads);
-    for (t, io) in ios.into_iter().enumerate() {
+    for socks in conns {
+        let w = TcpWorker::new(socks, &template, cap, timing, bins)
+            .map_err(|e| LoadError::Io("setting up the poll", e))?;
+        workers.push(AnyWorker::Tcp(Box::new(w)));
+    }
+    for ((t, io), ctxs) in ios.into_iter().enumerate().zip(per_thread) {
         let n = match &io {
             ClientIo::PerClient(s) => s.len(),
             ClientIo::Shared { clients, .. } => *clients,
@@ -405,21 +495,25 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
                 Driver::Open(Schedule::new(start + phase, rate_per_client, n))
             }
         };
-        workers.push(
-            Worker::new(
-                io,
-                &template,
-                cap,
-                driver,
-                timing,
-                bins,
-                Offload {
-                    gso: spec.gso,
-                    gro: spec.gro,
-                },
-            )
-            .map_err(|e| LoadError::Io("setting up the poll", e))?,
-        );
+        let w = Worker::new(
+            io,
+            &template,
+            cap,
+            driver,
+            timing,
+            bins,
+            Offload {
+                gso: spec.gso,
+                gro: spec.gro,
+            },
+        )
+        .map_err(|e| LoadError::Io("setting up the poll", e))?;
+        let w = if ctxs.is_empty() {
+            w
+        } else {
+            w.with_oscore(ctxs)
+        };
+        workers.push(AnyWorker::Udp(Box::new(w)));
     }
 
     let lives: Vec<Live> = (0..threads).map(|_| Live::default()).collect();
@@ -507,6 +601,7 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
         received: counts.received,
         lost: counts.lost,
         errors: counts.errors,
+        undecryptable: counts.undecryptable,
         unmatched: counts.unmatched,
         skipped: counts.skipped,
         io_errors: counts.io_errors,
@@ -527,12 +622,32 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, mut progress: F) -> Result<Load
     })
 }
 
+/// A worker of either transport.
+enum AnyWorker {
+    Udp(Box<Worker>),
+    Tcp(Box<TcpWorker>),
+}
+
+impl AnyWorker {
+    fn run(self, live: &Live) -> std::io::Result<Outcome> {
+        match self {
+            AnyWorker::Udp(w) => w.run(live),
+            AnyWorker::Tcp(w) => w.run(live),
+        }
+    }
+}
+
 /// Clients a shared socket can give loopback addresses to.
 const SHARED_MAX_CLIENTS: usize = 1_000_000;
 
 /// The sockets of each of `threads` workers: `clients` spread evenly.
+/// Clients of worker `t` when `clients` are spread evenly over `threads`.
+fn share_of(clients: usize, threads: usize, t: usize) -> usize {
+    clients / threads + usize::from(t < clients % threads)
+}
+
 fn client_io(spec: &LoadSpec, clients: usize, threads: usize) -> Result<Vec<ClientIo>, LoadError> {
-    let share = |t: usize| clients / threads + usize::from(t < clients % threads);
+    let share = |t: usize| share_of(clients, threads, t);
     let target = match spec.target {
         SocketAddr::V4(t) if spec.shared_socket => t,
         _ => {

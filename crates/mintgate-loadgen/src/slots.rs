@@ -77,6 +77,11 @@ impl Slots {
         }
     }
 
+    /// Slots per client.
+    pub fn cap(&self) -> usize {
+        self.cap as usize
+    }
+
     /// Requests outstanding.
     pub fn outstanding(&self) -> usize {
         self.outstanding

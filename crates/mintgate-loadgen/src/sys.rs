@@ -263,18 +263,19 @@ pub fn shared_socket() -> io::Result<std::net::UdpSocket> {
     Ok(s)
 }
 
-/// Sends the first `n` (<= [`BATCH`]) of `msgs`, each `len` bytes, to
-/// `target` on a [`shared_socket`], message `i` from the local address
-/// `srcs[i]` (`IP_PKTINFO`), in one `sendmmsg`; returns how many went out.
+/// Sends the first `n` (<= [`BATCH`]) of `msgs`, message `i` `lens[i]`
+/// bytes long, to `target` on a [`shared_socket`], message `i` from the
+/// local address `srcs[i]` (`IP_PKTINFO`), in one `sendmmsg`; returns how
+/// many went out.
 pub fn send_from<M: AsRef<[u8]>>(
     fd: RawFd,
     target: SocketAddrV4,
     msgs: &[M],
-    len: usize,
+    lens: &[usize],
     srcs: &[Ipv4Addr],
     n: usize,
 ) -> io::Result<usize> {
-    let n = n.min(BATCH).min(msgs.len()).min(srcs.len());
+    let n = n.min(BATCH).min(msgs.len()).min(srcs.len()).min(lens.len());
     // SAFETY: all-zero is a valid sockaddr_in.
     let mut to: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     to.sin_family = libc::AF_INET as libc::sa_family_t;
@@ -294,7 +295,7 @@ pub fn send_from<M: AsRef<[u8]>>(
         let m = msgs[i].as_ref();
         // the kernel only reads through this pointer
         iov[i].iov_base = m.as_ptr() as *mut libc::c_void;
-        iov[i].iov_len = len.min(m.len());
+        iov[i].iov_len = lens[i].min(m.len());
         let h = &mut hdr[i].msg_hdr;
         h.msg_name = (&mut to as *mut libc::sockaddr_in).cast();
         h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as _;
@@ -328,22 +329,29 @@ pub fn send_from<M: AsRef<[u8]>>(
 /// 2 no (then every batch goes by `sendmmsg`).
 static GSO: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Sends the first `n` (<= [`BATCH`]) of `msgs`, each `len` bytes, on the
-/// connected, non-blocking socket `fd`; returns how many went out.
+/// Sends the first `n` (<= [`BATCH`]) of `msgs`, message `i` `lens[i]`
+/// bytes long, on the connected, non-blocking socket `fd`; returns how many
+/// went out.
 ///
-/// With `gso`, the batch (all requests have the same length) leaves in one
+/// With `gso` and all `n` of the same length, the batch leaves in one
 /// `sendmsg` with a `UDP_SEGMENT` of `len`, which the kernel splits into
 /// ordinary datagrams before delivery: the server gets the same datagrams,
 /// but all of them in its socket at once (burst arrivals).
 pub fn send_batch(
     fd: RawFd,
     msgs: &mut [Box<[u8]>],
-    len: usize,
+    lens: &[usize],
     n: usize,
     gso: bool,
 ) -> io::Result<usize> {
-    let n = n.min(BATCH).min(msgs.len());
-    if gso && n > 1 && n * len <= 65_000 && GSO.load(std::sync::atomic::Ordering::Relaxed) != 2 {
+    let n = n.min(BATCH).min(msgs.len()).min(lens.len());
+    let len = lens.first().copied().unwrap_or(0);
+    if gso
+        && n > 1
+        && n * len <= 65_000
+        && lens[..n].iter().all(|&l| l == len)
+        && GSO.load(std::sync::atomic::Ordering::Relaxed) != 2
+    {
         match send_gso(fd, msgs, len, n) {
             Ok(sent) => {
                 GSO.store(1, std::sync::atomic::Ordering::Relaxed);
@@ -364,7 +372,7 @@ pub fn send_batch(
             Err(e) => return Err(e),
         }
     }
-    send_mmsg(fd, msgs, len, n)
+    send_mmsg(fd, msgs, lens, n)
 }
 
 /// One `sendmsg` of `n` equal segments with `UDP_SEGMENT`; all or nothing.
@@ -400,15 +408,16 @@ fn send_gso(fd: RawFd, msgs: &mut [Box<[u8]>], len: usize, n: usize) -> io::Resu
 }
 
 /// `sendmmsg` of the first `n` of `msgs`.
-fn send_mmsg(fd: RawFd, msgs: &mut [Box<[u8]>], len: usize, n: usize) -> io::Result<usize> {
-    let n = n.min(BATCH).min(msgs.len());
+fn send_mmsg(fd: RawFd, msgs: &mut [Box<[u8]>], lens: &[usize], n: usize) -> io::Result<usize> {
+    let n = n.min(BATCH).min(msgs.len()).min(lens.len());
     // SAFETY: all-zero is a valid iovec/mmsghdr (null pointers, zero lengths).
     let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
     let mut hdr: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-    for ((v, h), m) in iov
+    for (((v, h), m), &len) in iov
         .iter_mut()
         .zip(hdr.iter_mut())
         .zip(msgs.iter_mut())
+        .zip(lens)
         .take(n)
     {
         v.iov_base = m.as_mut_ptr().cast();
@@ -474,7 +483,7 @@ mod tests {
         let gro = set_gro(rx_sock.as_raw_fd(), true);
         let mut sent = msgs(7, 23);
         assert_eq!(
-            send_batch(tx.as_raw_fd(), &mut sent, 23, 7, true).unwrap(),
+            send_batch(tx.as_raw_fd(), &mut sent, &[23; 7], 7, true).unwrap(),
             7
         );
         let mut rx = RecvBatch::new(gro);
@@ -505,7 +514,7 @@ mod tests {
         let (tx, rx_sock) = pair();
         let mut sent = msgs(4, 17);
         assert_eq!(
-            send_batch(tx.as_raw_fd(), &mut sent, 17, 4, true).unwrap(),
+            send_batch(tx.as_raw_fd(), &mut sent, &[17; 4], 4, true).unwrap(),
             4
         );
         let mut rx = RecvBatch::new(false);

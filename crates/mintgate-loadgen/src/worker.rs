@@ -17,10 +17,13 @@ use mintgate_coap::wire::{Code, MessageType};
 use mio::net::UdpSocket;
 use mio::{Events, Interest, Poll};
 
+use mintgate_coap::oscore::Context;
+
 use crate::histogram::Histogram;
+use crate::oscore::Protector;
 use crate::schedule::Schedule;
 use crate::slots::{Done, Slots};
-use crate::sys::{self, RecvBatch, BATCH};
+use crate::sys::{self, RecvBatch, BATCH, RX_BUF};
 use crate::template::{classify, empty_ack, Reply, RequestTemplate, Token};
 
 /// The run's phase boundaries, shared by all workers.
@@ -70,6 +73,9 @@ pub struct Counts {
     pub ok_in_window: u64,
     /// 2.xx responses in any phase (for the progress rate).
     pub ok_total: u64,
+    /// OSCORE: answers to measured requests that did not verify (also
+    /// counted in `errors`).
+    pub undecryptable: u64,
 }
 
 impl Counts {
@@ -85,6 +91,16 @@ impl Counts {
         self.in_trains += o.in_trains;
         self.ok_in_window += o.ok_in_window;
         self.ok_total += o.ok_total;
+        self.undecryptable += o.undecryptable;
+    }
+
+    /// Publishes the counters for the progress display.
+    pub fn publish(&self, live: &Live) {
+        live.sent.store(self.sent, Relaxed);
+        live.received.store(self.received, Relaxed);
+        live.lost.store(self.lost, Relaxed);
+        live.errors.store(self.errors, Relaxed);
+        live.ok_total.store(self.ok_total, Relaxed);
     }
 }
 
@@ -177,14 +193,18 @@ pub struct Worker {
     spare: Vec<usize>,
     /// Copies of the request template, patched per send.
     batch: Vec<Box<[u8]>>,
-    req_len: usize,
     gso: bool,
     /// Taken out while its datagrams are handled (`None` only then).
     rx: Option<RecvBatch>,
     timing: Timing,
-    counts: Counts,
-    hist: Histogram,
-    per_second: Vec<u64>,
+    tally: Tally,
+    /// With OSCORE: protects requests and verifies answers.
+    oscore: Option<Protector>,
+    /// The request template, copied back before each protected request
+    /// (protection rewrites the buffer).
+    tmpl: Box<[u8]>,
+    /// Length of each request in `batch`.
+    lens: [usize; BATCH],
 }
 
 impl Worker {
@@ -270,105 +290,33 @@ impl Worker {
             clients,
             shared,
             driver,
-            batch: (0..BATCH).map(|_| template.bytes().into()).collect(),
-            req_len: template.bytes().len(),
+            batch: (0..BATCH)
+                .map(|_| {
+                    let mut b = vec![0u8; RX_BUF].into_boxed_slice();
+                    b[..template.bytes().len()].copy_from_slice(template.bytes());
+                    b
+                })
+                .collect(),
             gso: offload.gso,
             rx: Some(rx),
             timing,
-            counts: Counts::default(),
-            hist: Histogram::new(),
-            per_second: vec![0; bins],
+            tally: Tally::new(timing, bins),
+            oscore: None,
+            tmpl: template.bytes().into(),
+            lens: [template.bytes().len(); BATCH],
         })
+    }
+
+    /// Protects every request with OSCORE under `ctxs` (given to the
+    /// clients round robin) and verifies every answer.
+    pub fn with_oscore(mut self, ctxs: Vec<Context>) -> Worker {
+        self.oscore = Some(Protector::new(ctxs, self.clients.len(), self.slots.cap()));
+        self
     }
 
     /// Runs until every request is answered or expired after `send_end`.
-    pub fn run(mut self, live: &Live) -> io::Result<Outcome> {
-        let mut events = Events::with_capacity(1024);
-        let t = self.timing;
-        if let Some(d) = t.start.checked_duration_since(Instant::now()) {
-            std::thread::sleep(d);
-        }
-        let cpu0 = sys::thread_cpu_time();
-        let mut published = t.start;
-        loop {
-            let now = Instant::now();
-            self.expire(now);
-            if now < t.send_end {
-                self.send_due(now);
-            } else if self.slots.outstanding() == 0 || now >= t.drain_end() {
-                break;
-            }
-            if now.duration_since(published) >= PUBLISH_EVERY {
-                self.publish(live);
-                published = now;
-            }
-            let wake = self.next_wake(now);
-            match self
-                .poll
-                .poll(&mut events, Some(wake.saturating_duration_since(now)))
-            {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-            for ev in events.iter() {
-                match ev.token() {
-                    SHARED => self.on_shared_readable(),
-                    t => self.on_readable(t.0),
-                }
-            }
-        }
-        self.publish(live);
-        Ok(Outcome {
-            counts: self.counts,
-            hist: self.hist,
-            per_second: self.per_second,
-            cpu: sys::thread_cpu_time().saturating_sub(cpu0),
-        })
-    }
-
-    fn publish(&self, live: &Live) {
-        let c = &self.counts;
-        live.sent.store(c.sent, Relaxed);
-        live.received.store(c.received, Relaxed);
-        live.lost.store(c.lost, Relaxed);
-        live.errors.store(c.errors, Relaxed);
-        live.ok_total.store(c.ok_total, Relaxed);
-    }
-
-    /// The next moment something is due: a phase end, the oldest request's
-    /// expiry, a scheduled send or a retry.
-    fn next_wake(&self, now: Instant) -> Instant {
-        let t = &self.timing;
-        let mut wake = if now < t.send_end {
-            t.send_end
-        } else {
-            t.drain_end()
-        };
-        if let Some(oldest) = self.slots.oldest() {
-            wake = wake.min(oldest + t.timeout);
-        }
-        if now < t.send_end {
-            match &self.driver {
-                Driver::Open(s) => wake = wake.min(s.next_due()),
-                Driver::Closed if !self.pending.is_empty() => wake = wake.min(now + RETRY),
-                Driver::Closed => {}
-            }
-        }
-        wake
-    }
-
-    /// Counts every request older than the timeout as lost.
-    fn expire(&mut self, now: Instant) {
-        let Some(cutoff) = now.checked_sub(self.timing.timeout) else {
-            return;
-        };
-        while let Some((c, done)) = self.slots.expire(cutoff) {
-            if done.measured {
-                self.counts.lost += 1;
-            }
-            self.owe(c);
-        }
+    pub fn run(self, live: &Live) -> io::Result<Outcome> {
+        run_loop(self, live)
     }
 
     /// Closed loop: `c` may send one more request.
@@ -437,19 +385,13 @@ impl Worker {
                 self.clients[c].owed = 0;
                 return;
             }
-            let r = sys::send_batch(
-                self.clients[c].fd,
-                &mut self.batch,
-                self.req_len,
-                n,
-                self.gso,
-            );
+            let r = sys::send_batch(self.clients[c].fd, &mut self.batch, &self.lens, n, self.gso);
             let went = self.went(r, n);
             for &tok in &toks[went..n] {
                 self.slots.release(c, tok);
             }
             if measured {
-                self.counts.sent += went as u64;
+                self.tally.counts.sent += went as u64;
             }
             self.clients[c].owed -= went as u32;
             if went < n {
@@ -466,8 +408,26 @@ impl Worker {
         let mid = self.clients[c].next_mid;
         let tok = self.slots.acquire(c, mid, now, measured)?;
         self.clients[c].next_mid = mid.wrapping_add(1);
-        RequestTemplate::patch(&mut self.batch[i], mid, tok);
-        Some(tok)
+        let buf = &mut self.batch[i];
+        let Some(p) = self.oscore.as_mut() else {
+            RequestTemplate::patch(buf, mid, tok);
+            return Some(tok);
+        };
+        let n = self.tmpl.len();
+        buf[..n].copy_from_slice(&self.tmpl);
+        RequestTemplate::patch(buf, mid, tok);
+        match p.protect(c, tok, buf, n) {
+            Ok(len) => {
+                self.lens[i] = len;
+                Some(tok)
+            }
+            Err(_) => {
+                // no nonce was used for nothing: the request never leaves
+                self.slots.release(c, tok);
+                self.tally.counts.io_errors += 1;
+                None
+            }
+        }
     }
 
     /// How many of `n` datagrams a send's result counts as sent: those sent;
@@ -478,7 +438,7 @@ impl Worker {
             Ok(s) => s,
             Err(e) if is_transient(&e) => 0,
             Err(_) => {
-                self.counts.io_errors += 1;
+                self.tally.counts.io_errors += 1;
                 n
             }
         }
@@ -539,7 +499,7 @@ impl Worker {
             return false;
         };
         let n = st.n;
-        let r = sys::send_from(sh.fd, sh.target, &self.batch, self.req_len, &st.srcs, n);
+        let r = sys::send_from(sh.fd, sh.target, &self.batch, &self.lens, &st.srcs, n);
         let went = self.went(r, n);
         for i in went..n {
             let c = st.who[i];
@@ -548,7 +508,7 @@ impl Worker {
             self.requeue(c);
         }
         if measured {
-            self.counts.sent += went as u64;
+            self.tally.counts.sent += went as u64;
         }
         st.n = 0;
         went == n
@@ -559,7 +519,9 @@ impl Worker {
         let cl = &self.clients[c];
         match (&cl.sock, &self.shared) {
             (Some(sock), _) => sock.send(buf),
-            (None, Some(sh)) => sys::send_from(sh.fd, sh.target, &[buf], buf.len(), &[cl.src], 1),
+            (None, Some(sh)) => {
+                sys::send_from(sh.fd, sh.target, &[buf], &[buf.len()], &[cl.src], 1)
+            }
             (None, None) => Err(io::ErrorKind::NotConnected.into()),
         }
     }
@@ -570,17 +532,17 @@ impl Worker {
         let now = Instant::now();
         let measured = now >= self.timing.measure_start;
         let Some(tok) = self.prepare(c, 0, now, measured) else {
-            self.counts.skipped += measured as u64;
+            self.tally.counts.skipped += measured as u64;
             return;
         };
-        let r = self.send_single(c, &self.batch[0][..self.req_len]);
+        let r = self.send_single(c, &self.batch[0][..self.lens[0]]);
         if self.went(r, 1) == 0 {
             // socket buffer full (the shared socket's sendmmsg may also
             // report that as nothing sent)
             self.slots.release(c, tok);
-            self.counts.skipped += measured as u64;
+            self.tally.counts.skipped += measured as u64;
         } else {
-            self.counts.sent += measured as u64;
+            self.tally.counts.sent += measured as u64;
         }
     }
 
@@ -627,16 +589,16 @@ impl Worker {
                     let now = Instant::now();
                     for i in 0..n {
                         let Some(c) = owner.of(&rx, i).filter(|&c| c < clients) else {
-                            self.counts.unmatched += rx.datagrams(i).count() as u64;
+                            self.tally.counts.unmatched += rx.datagrams(i).count() as u64;
                             continue;
                         };
                         let mut k = 0;
                         for d in rx.datagrams(i) {
-                            self.on_reply(c, classify(d), now);
+                            self.on_reply(c, d, now);
                             k += 1;
                         }
                         if k > 1 {
-                            self.counts.in_trains += k;
+                            self.tally.counts.in_trains += k;
                         }
                     }
                     if n < BATCH {
@@ -648,7 +610,7 @@ impl Worker {
                 Err(_) => {
                     // E.g. ECONNREFUSED from an ICMP port unreachable: reported
                     // once, then the socket reads normally again.
-                    self.counts.io_errors += 1;
+                    self.tally.counts.io_errors += 1;
                     errors += 1;
                     if errors > 3 {
                         break;
@@ -659,8 +621,8 @@ impl Worker {
         self.rx = Some(rx);
     }
 
-    fn on_reply(&mut self, c: usize, reply: Reply, now: Instant) {
-        let done = match reply {
+    fn on_reply(&mut self, c: usize, datagram: &[u8], now: Instant) {
+        let done = match classify(datagram) {
             Reply::Response {
                 ty,
                 mid,
@@ -673,9 +635,16 @@ impl Worker {
                     let _ = self.send_single(c, &empty_ack(mid));
                 }
                 let piggybacked = (ty == MessageType::Ack).then_some(mid);
-                self.slots
-                    .complete(c, token, piggybacked)
-                    .map(|d| (d, Some(code)))
+                let done = self.slots.complete(c, token, piggybacked);
+                match (done, self.oscore.as_mut()) {
+                    (Some(d), Some(p)) => {
+                        let inner = p.verify(c, token, datagram);
+                        self.tally.counts.undecryptable += u64::from(inner.is_none() && d.measured);
+                        Some((d, inner))
+                    }
+                    (d, None) => d.map(|d| (d, Some(code))),
+                    (None, Some(_)) => None,
+                }
             }
             Reply::Reset { mid } => self.slots.complete_by_mid(c, mid).map(|d| (d, None)),
             Reply::EmptyAck => return,
@@ -683,12 +652,156 @@ impl Worker {
         };
         match done {
             Some((d, code)) => self.finished(c, d, code, now),
-            None => self.counts.unmatched += 1,
+            None => self.tally.counts.unmatched += 1,
         }
     }
 
-    /// Accounts a completed request; `code` is `None` for a Reset.
+    /// Accounts a completed request; `code` is `None` for a Reset (or an
+    /// answer that did not verify).
     fn finished(&mut self, c: usize, done: Done, code: Option<Code>, now: Instant) {
+        self.tally.finished(done, code, now);
+        self.owe(c);
+    }
+}
+
+/// A worker's side of the event loop that [`run_loop`] drives: the UDP
+/// [`Worker`] and the TCP one.
+pub trait Load {
+    /// The run's phases.
+    fn timing(&self) -> Timing;
+    /// The outstanding requests.
+    fn slots(&mut self) -> &mut Slots;
+    /// The counters.
+    fn tally(&mut self) -> &mut Tally;
+    /// The poll over the worker's sockets.
+    fn poll(&mut self) -> &mut Poll;
+    /// Client `c` may send one more request (one of its own expired).
+    fn owe(&mut self, c: usize);
+    /// Sends what is due, before `send_end`.
+    fn send_due(&mut self, now: Instant);
+    /// Besides phase ends and expiries, when the worker wants to wake.
+    fn wake_for_sends(&self, now: Instant) -> Option<Instant>;
+    /// One readiness event.
+    fn on_event(&mut self, ev: &mio::event::Event);
+}
+
+/// Runs `w` until every request is answered or expired after `send_end`:
+/// expire requests older than the timeout, send what is due, wait for
+/// readiness no longer than the next deadline, handle what is ready.
+pub fn run_loop<L: Load>(mut w: L, live: &Live) -> io::Result<Outcome> {
+    let mut events = Events::with_capacity(1024);
+    let t = w.timing();
+    if let Some(d) = t.start.checked_duration_since(Instant::now()) {
+        std::thread::sleep(d);
+    }
+    let cpu0 = sys::thread_cpu_time();
+    let mut published = t.start;
+    loop {
+        let now = Instant::now();
+        if let Some(cutoff) = now.checked_sub(t.timeout) {
+            while let Some((c, done)) = w.slots().expire(cutoff) {
+                w.tally().counts.lost += done.measured as u64;
+                w.owe(c);
+            }
+        }
+        if now < t.send_end {
+            w.send_due(now);
+        } else if w.slots().outstanding() == 0 || now >= t.drain_end() {
+            break;
+        }
+        if now.duration_since(published) >= PUBLISH_EVERY {
+            w.tally().counts.publish(live);
+            published = now;
+        }
+        // the next phase end, the oldest request's expiry, a send
+        let mut wake = if now < t.send_end {
+            t.send_end
+        } else {
+            t.drain_end()
+        };
+        if let Some(oldest) = w.slots().oldest() {
+            wake = wake.min(oldest + t.timeout);
+        }
+        if now < t.send_end {
+            if let Some(s) = w.wake_for_sends(now) {
+                wake = wake.min(s);
+            }
+        }
+        match w
+            .poll()
+            .poll(&mut events, Some(wake.saturating_duration_since(now)))
+        {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        for ev in events.iter() {
+            w.on_event(ev);
+        }
+    }
+    w.tally().counts.publish(live);
+    let tally = std::mem::replace(w.tally(), Tally::new(t, 0));
+    Ok(tally.outcome(cpu0))
+}
+
+impl Load for Worker {
+    fn timing(&self) -> Timing {
+        self.timing
+    }
+    fn slots(&mut self) -> &mut Slots {
+        &mut self.slots
+    }
+    fn tally(&mut self) -> &mut Tally {
+        &mut self.tally
+    }
+    fn poll(&mut self) -> &mut Poll {
+        &mut self.poll
+    }
+    fn owe(&mut self, c: usize) {
+        Worker::owe(self, c)
+    }
+    fn send_due(&mut self, now: Instant) {
+        Worker::send_due(self, now)
+    }
+    /// A scheduled send, or a retry of a closed loop's sends.
+    fn wake_for_sends(&self, now: Instant) -> Option<Instant> {
+        match &self.driver {
+            Driver::Open(s) => Some(s.next_due()),
+            Driver::Closed if !self.pending.is_empty() => Some(now + RETRY),
+            Driver::Closed => None,
+        }
+    }
+    fn on_event(&mut self, ev: &mio::event::Event) {
+        match ev.token() {
+            SHARED => self.on_shared_readable(),
+            t => self.on_readable(t.0),
+        }
+    }
+}
+
+/// What a worker measures: its counters, latency histogram and successes
+/// per second.
+pub struct Tally {
+    pub counts: Counts,
+    pub hist: Histogram,
+    pub per_second: Vec<u64>,
+    timing: Timing,
+}
+
+impl Tally {
+    /// Nothing counted yet; `bins` seconds of `per_second`.
+    pub fn new(timing: Timing, bins: usize) -> Tally {
+        Tally {
+            counts: Counts::default(),
+            hist: Histogram::new(),
+            per_second: vec![0; bins],
+            timing,
+        }
+    }
+
+    /// Accounts a completed request answered with `code` at `now`; `None`
+    /// for a Reset or an answer that did not verify (an error).
+    pub fn finished(&mut self, done: Done, code: Option<Code>, now: Instant) {
         let ok = code.is_some_and(|c| c.class() == 2);
         if done.measured {
             self.counts.received += 1;
@@ -707,7 +820,16 @@ impl Worker {
                 }
             }
         }
-        self.owe(c);
+    }
+
+    /// What the worker hands back, its thread's CPU time counted from `cpu0`.
+    pub fn outcome(self, cpu0: Duration) -> Outcome {
+        Outcome {
+            counts: self.counts,
+            hist: self.hist,
+            per_second: self.per_second,
+            cpu: sys::thread_cpu_time().saturating_sub(cpu0),
+        }
     }
 }
 

@@ -377,6 +377,36 @@ pub fn field_link(metrics: u16, name: &str) -> serde_json::Value {
         .clone()
 }
 
+/// Whether `cmd` (a peer no one here wrote, `what` says which package)
+/// runs; when it does not, the test is skipped, unless
+/// MINTGATE_REQUIRE_PEERS is set: then it fails.
+pub fn have_command(cmd: &str, what: &str) -> bool {
+    let found = Command::new(cmd)
+        .arg("-h")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+            "{cmd} is required (MINTGATE_REQUIRE_PEERS is set) but not on PATH"
+        );
+        eprintln!("skipping: {cmd} ({what}) is not on PATH");
+    }
+    found
+}
+
+/// Waits until something accepts TCP connections on loopback `port`;
+/// panics after `limit`.
+pub fn wait_tcp(port: u16, limit: Duration) {
+    let end = Instant::now() + limit;
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < end, "nothing listens on tcp {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A child process killed and reaped when dropped (a peer server a test
 /// started).
 pub struct Kill(pub Child);
