@@ -4,6 +4,8 @@ use std::net::UdpSocket;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 struct Server(Child);
 
 impl Drop for Server {
@@ -14,20 +16,7 @@ impl Drop for Server {
 }
 
 fn have_peer() -> bool {
-    let found = Command::new("coap-client-notls")
-        .arg("-h")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        assert!(
-            std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
-            "coap-client-notls is required (MINTGATE_REQUIRE_PEERS is set) but not on PATH"
-        );
-        eprintln!("skipping: coap-client-notls (Debian libcoap3-bin) is not on PATH");
-    }
-    found
+    common::have_command("coap-client-notls", "Debian libcoap3-bin")
 }
 
 fn free_port() -> u16 {
