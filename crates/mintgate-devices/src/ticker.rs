@@ -102,19 +102,13 @@ fn run(t: &Ticker) {
     let mut due: Vec<Arc<Entry>> = Vec::new();
     loop {
         let now = now_ns();
-        let earliest = {
-            let entries = t.entries.lock();
-            let mut earliest = None::<u64>;
-            for e in entries.iter() {
-                let next = e.next.load(Ordering::Relaxed);
-                if next <= now {
-                    due.push(e.clone());
-                } else {
-                    earliest = Some(earliest.map_or(next, |x: u64| x.min(next)));
-                }
-            }
-            earliest
-        };
+        due.extend(
+            t.entries
+                .lock()
+                .iter()
+                .filter(|e| e.next.load(Ordering::Relaxed) <= now)
+                .cloned(),
+        );
         for e in due.drain(..) {
             fire(t, &e);
             let after = e.next.load(Ordering::Relaxed) + e.period;
@@ -127,7 +121,8 @@ fn run(t: &Ticker) {
             };
             e.next.store(next, Ordering::Relaxed);
         }
-        // A task fired late or added meanwhile is looked at again at once.
+        // The earliest next instant, over tasks fired and not; one fired
+        // late or added meanwhile is looked at again at once.
         let now = now_ns();
         let pending = t
             .entries
@@ -135,7 +130,7 @@ fn run(t: &Ticker) {
             .iter()
             .map(|e| e.next.load(Ordering::Relaxed))
             .min();
-        match pending.or(earliest) {
+        match pending {
             Some(next) if next <= now => continue,
             Some(next) => std::thread::park_timeout(Duration::from_nanos(next - now)),
             None => std::thread::park(),
