@@ -97,7 +97,8 @@ pub struct BenchArgs {
     /// 65536 at a time). Repeat the flag for several contexts: the clients take
     /// them round robin (each thread needs one of its own). Clients that
     /// share a context share its sequence numbers, which the server's
-    /// replay window takes only while they arrive at most 64 out of order:
+    /// replay window takes only while they arrive no further out of order
+    /// than its width (mintgate's 1,024; other servers' as little as 32):
     /// one context per client is the safe load. An answer that does not
     /// verify (or comes unprotected, e.g. a 4.01) is an error, counted as
     /// undecryptable. A server that lost its replay window (restarted)

@@ -409,8 +409,9 @@ pub fn run<F: FnMut(&Progress)>(spec: &LoadSpec, progress: F) -> Result<LoadRepo
 /// `t` takes contexts `t`, `t + threads`, ... (so at least one per thread
 /// is needed) and gives them to its clients round robin; clients that
 /// share a context share its sequence numbers, which the server's replay
-/// window takes as long as it sees them at most 64 out of order (one
-/// context per client avoids the question). An answer that does not
+/// window takes as long as it sees them no further out of order than its
+/// width (mintgate's 1,024, other servers' as little as 32; one context
+/// per client avoids the question). An answer that does not
 /// verify (or comes unprotected) is an error, counted in `undecryptable`.
 pub fn run_protected<F: FnMut(&Progress)>(
     spec: &LoadSpec,

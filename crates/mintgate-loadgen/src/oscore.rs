@@ -4,9 +4,9 @@
 //! A worker holds its own security contexts (never shared with another
 //! thread) and gives each of its clients one of them, round robin. Clients
 //! that share a context share its sender sequence number, so their requests
-//! leave in sequence-number order; the server's replay window (64 wide,
-//! RFC 8613 7.4) accepts them as long as it sees them no further out of
-//! order than that. One context per client keeps every client's requests in
+//! leave in sequence-number order; the server's replay window (RFC 8613
+//! 7.4; mintgate's is 1,024 wide, other servers' as little as 32) accepts
+//! them as long as it sees them no further out of order than its width. One context per client keeps every client's requests in
 //! a window of their own.
 //!
 //! What a request must be verified against ([`RequestId`]) is kept per slot,
