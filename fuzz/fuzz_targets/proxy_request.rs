@@ -8,6 +8,8 @@
 //! mapping may add, each within its RFC 7252 length, and encodes as a CoAP
 //! message that parses back with the same options and payload; the
 //! request facts agree with the method; every refusal is a 4xx/5xx.
+//! A request with the OSCORE header field (RFC 8613 section 11) carries
+//! the OSCORE option and the body, and is never cached.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{Result as UResult, Unstructured};
@@ -17,6 +19,7 @@ use mintgate_proxy::http::header::HOST;
 use mintgate_proxy::http::{HeaderMap, HeaderValue, Method};
 use mintgate_proxy::mapping::{
     map_request, resolve_target, CoapTarget, ReverseMapping, Via, MAPPED_REQUEST_HEADERS,
+    OSCORE_OPTION,
 };
 
 const METHODS: &[&str] = &[
@@ -50,7 +53,9 @@ fn header_value(u: &mut Unstructured<'_>, name: &str) -> UResult<Vec<u8>> {
             "application/json",
             "application/cbor; x=1",
             "text/plain;charset=utf-8",
+            "application/oscore",
         ],
+        "oscore" => &["CSU", "AA", "C+U", "CQ", "_-_-"],
         "accept" => &[
             "application/json;q=0.5, text/plain",
             "*/*",
@@ -87,6 +92,7 @@ fn allowed(n: OptionNumber) -> bool {
         OptionNumber::IF_MATCH,
         OptionNumber::IF_NONE_MATCH,
         OptionNumber::ETAG,
+        OSCORE_OPTION,
     ]
     .contains(&n)
 }
@@ -94,6 +100,7 @@ fn allowed(n: OptionNumber) -> bool {
 fn max_len(n: OptionNumber) -> usize {
     match n {
         OptionNumber::URI_HOST | OptionNumber::URI_PATH | OptionNumber::URI_QUERY => 255,
+        OSCORE_OPTION => 255,
         OptionNumber::ETAG | OptionNumber::IF_MATCH => 8,
         OptionNumber::IF_NONE_MATCH => 0,
         _ => 2, // Content-Format, Accept: uint 0-65535
@@ -165,6 +172,9 @@ fn run(u: &mut Unstructured<'_>, reverse: &[ReverseMapping]) -> UResult<()> {
     assert!(!info.cacheable || req.code == Code::GET);
     assert_eq!(info.conditional, !info.etags.is_empty());
     assert!(!info.no_store || info.no_cache);
+    let oscore = req.options.iter().any(|(n, _)| *n == OSCORE_OPTION);
+    assert_eq!(oscore, headers.contains_key("oscore"));
+    assert!(!oscore || (info.no_store && !info.cacheable));
     for (n, v) in &req.options {
         assert!(allowed(*n), "unexpected option {n:?}");
         assert!(v.len() <= max_len(*n), "{n:?} of {} bytes", v.len());

@@ -87,7 +87,11 @@ fn run(u: &mut Unstructured<'_>, mapping: &ReverseMapping) -> UResult<()> {
                 let loc = loc.to_str().expect("Location is text");
                 assert!(loc.starts_with('/'), "Location {loc:?}");
             }
-            if let Some(cc) = r.headers().get(header::CACHE_CONTROL) {
+            if r.headers().contains_key("oscore") {
+                // RFC 8613 section 11: whole, typed, and not for caches
+                assert_eq!(r.headers()[header::CONTENT_TYPE], "application/oscore");
+                assert_eq!(r.headers()[header::CACHE_CONTROL], "no-cache");
+            } else if let Some(cc) = r.headers().get(header::CACHE_CONTROL) {
                 assert!(cacheable);
                 let cc = cc.to_str().expect("Cache-Control is text");
                 let secs: u32 = cc

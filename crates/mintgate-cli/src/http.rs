@@ -26,6 +26,7 @@ Examples:
   mintgate http http://127.0.0.1:8080/hc/coap://127.0.0.1:5683/request
   mintgate http --h2 http://127.0.0.1:8080/hc/coap://127.0.0.1:5683/request
   mintgate http --h3 --new-conn --count 10 https://localhost:8443/hc/coap://127.0.0.1:5683/request
+  mintgate http --oscore client.toml http://127.0.0.1:8080/hc/coap://127.0.0.1:5683/request
 
 Exit status: 0 for 1xx-3xx, 3 for 4xx, 4 for 5xx (of the last response),
 1 for other errors, 2 for usage errors.")]
@@ -91,6 +92,16 @@ pub struct HttpArgs {
     /// Do not print the body.
     #[arg(long, short = 's')]
     silent: bool,
+    /// Protect the request with OSCORE (RFC 8613) end to end, through the
+    /// proxy, as its section 11 carries OSCORE over HTTP: the request
+    /// (method, path and query of the `/hc/coap://...` URL, Content-Type,
+    /// Accept, body) is mapped to CoAP and protected with this context file
+    /// (as `mintgate get --oscore` takes it), sent as a POST with the
+    /// `OSCORE` header field and an `application/oscore` body to the
+    /// target's authority, and the answer verified and printed as the
+    /// CoAP server gave it. The proxy holds no key.
+    #[arg(long, value_name = "CONTEXT-FILE")]
+    oscore: Option<PathBuf>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -205,14 +216,22 @@ pub fn run(a: HttpArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting a runtime")?;
     let count = a.count.max(1);
+    let mut oscore = match &a.oscore {
+        Some(f) => Some(Protected::new(f, &method, &headers, &path, &body)?),
+        None => None,
+    };
     let results: Vec<Exchange> = rt.block_on(async {
         let mut c = HttpClient::new(opts, addr, None)?;
         let mut out = Vec::new();
         for i in 0..count {
-            let r = c
-                .request(method.clone(), &path, &headers, body.clone())
-                .await
-                .with_context(|| format!("request {} to {addr} ({})", i + 1, proto.name()))?;
+            let r = match oscore.as_mut() {
+                Some(p) => p.exchange(&mut c, &headers).await,
+                None => {
+                    c.request(method.clone(), &path, &headers, body.clone())
+                        .await
+                }
+            }
+            .with_context(|| format!("request {} to {addr} ({})", i + 1, proto.name()))?;
             if i == 0 {
                 print_response(&r, proto, a.silent)?;
             }
@@ -232,6 +251,163 @@ pub fn run(a: HttpArgs) -> anyhow::Result<ExitCode> {
         500..=599 => 4,
         _ => 1,
     }))
+}
+
+/// An OSCORE-protected request (RFC 8613 section 11): the inner CoAP
+/// request mapped from the HTTP one, and the context that protects it.
+struct Protected {
+    ctx: mintgate_coap::oscore::Context,
+    inner: mintgate_coap::client::Request,
+    target: mintgate_proxy::mapping::CoapTarget,
+    /// Where the protected POST goes: the target's authority only (its path
+    /// and query travel inside).
+    outer_path: String,
+}
+
+impl Protected {
+    fn new(
+        file: &std::path::Path,
+        method: &Method,
+        headers: &HeaderMap,
+        path: &str,
+        body: &Bytes,
+    ) -> anyhow::Result<Protected> {
+        use mintgate_proxy::mapping::{map_request, resolve_target, HC_PREFIX};
+        let target = match resolve_target(path, &[]) {
+            Ok(Some((t, _))) => t,
+            Ok(None) => {
+                bail!("--oscore: the URL's path must be {HC_PREFIX}coap://HOST[:PORT]/PATH")
+            }
+            Err(e) => bail!("--oscore: {}", e.message),
+        };
+        // the request as the proxy would map it, then protected whole
+        let mut plain = headers.clone();
+        plain.remove("authorization");
+        let (req, _) = map_request(method, &plain, &target, body).map_err(|e| {
+            anyhow!(
+                "--oscore: the request has no CoAP mapping: {} {}",
+                e.status,
+                e.message
+            )
+        })?;
+        let ctx = crate::client::oscore_context(file, mintgate_gateway::oscore::DEFAULT_SEQ_STEP)?;
+        let outer_path = format!("{HC_PREFIX}coap://{}/", target.authority);
+        Ok(Protected {
+            ctx,
+            inner: mintgate_coap::client::Request {
+                confirmable: true,
+                code: req.code,
+                options: req.options,
+                payload: req.payload,
+            },
+            target,
+            outer_path,
+        })
+    }
+
+    /// Sends the request protected and verifies the answer: the exchange
+    /// with the verified inner answer mapped to HTTP. A 4.01 with Echo (a
+    /// server that restarted, RFC 8613 B.1.2) is answered by sending the
+    /// request again once with the Echo. An unprotected answer (a refusal
+    /// by the proxy or the server) is returned as it is, with a word on
+    /// stderr.
+    async fn exchange(
+        &mut self,
+        c: &mut HttpClient,
+        headers: &HeaderMap,
+    ) -> anyhow::Result<Exchange> {
+        use mintgate_coap::oscore::{client, OSCORE};
+        use mintgate_coap::wire::{Code, OptionNumber};
+        use mintgate_proxy::mapping as m;
+        let mut request = self.inner.clone();
+        for attempt in 0..2 {
+            let (outer, id) =
+                client::protect(&mut self.ctx, &request).map_err(|e| anyhow!("OSCORE: {e}"))?;
+            let option = outer
+                .options
+                .iter()
+                .find(|(n, _)| *n == OSCORE)
+                .map(|(_, v)| v.as_slice())
+                .unwrap_or_default();
+            let mut h = HeaderMap::new();
+            if let Some(auth) = headers.get("authorization") {
+                h.insert("authorization", auth.clone());
+            }
+            h.insert(m::OSCORE_HEADER, m::header_from_option(option));
+            h.insert(
+                "content-type",
+                HeaderValue::from_static(m::APPLICATION_OSCORE),
+            );
+            let verb = if outer.code == Code::FETCH {
+                Method::from_bytes(b"FETCH").context("FETCH")?
+            } else {
+                Method::POST
+            };
+            let r = c
+                .request(verb, &self.outer_path, &h, Bytes::from(outer.payload))
+                .await?;
+            let Some(v) = r.headers.get(m::OSCORE_HEADER) else {
+                eprintln!(
+                    "mintgate: the answer ({}) is not OSCORE-protected: the proxy or the server \
+                     refused the request",
+                    r.status
+                );
+                return Ok(r);
+            };
+            let value = m::option_from_header(v.as_bytes())
+                .map_err(|e| anyhow!("the answer's OSCORE header field: {}", e.message))?;
+            // the outer code is not protected (RFC 8613 4.2): any will do
+            let (code, options, payload) = client::unprotect(
+                &self.ctx,
+                Code::CHANGED,
+                &[(OSCORE, &value[..])],
+                &r.body,
+                &id,
+            )
+            .map_err(|e| anyhow!("OSCORE: the answer does not verify: {e}"))?;
+            let echo = options
+                .iter()
+                .find(|(n, _)| *n == OptionNumber::ECHO)
+                .map(|(_, v)| v.clone());
+            if let (Some(e), true) = (echo, code == Code::UNAUTHORIZED && attempt == 0) {
+                request.options.retain(|(n, _)| *n != OptionNumber::ECHO);
+                request.options.push((OptionNumber::ECHO, e));
+                continue;
+            }
+            eprintln!(
+                "mintgate: OSCORE answer verified (outer {}, {} bytes)",
+                r.status,
+                r.body.len()
+            );
+            let inner = m::CoapResponse {
+                code,
+                options: options
+                    .into_iter()
+                    .map(|(n, v)| (n, Bytes::from(v)))
+                    .collect(),
+                payload: Bytes::from(payload),
+            };
+            let info = m::RequestInfo::default();
+            let mapped = m::map_response(
+                inner,
+                &m::ResponseContext {
+                    authority: &self.target.authority,
+                    mapping: None,
+                    info: &info,
+                    age: 0,
+                },
+            )
+            .map_err(|e| anyhow!("the verified answer: {}", e.message))?;
+            let (parts, body) = mapped.into_parts();
+            return Ok(Exchange {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+                ..r
+            });
+        }
+        bail!("OSCORE: the server asked for Echo twice")
+    }
 }
 
 fn print_response(r: &Exchange, proto: Proto, silent: bool) -> anyhow::Result<()> {

@@ -254,6 +254,7 @@ pub fn proxy_state(
         "requests": st.requests.load(Relaxed),
         "cache_hits": st.cache_hits.load(Relaxed),
         "early_data_served": st.early_data_served.load(Relaxed),
+        "oscore": st.oscore.load(Relaxed),
         "connections": conns.map(|c| serde_json::json!({
             "open": c.open.load(Relaxed),
             "accepted": c.accepted.load(Relaxed),

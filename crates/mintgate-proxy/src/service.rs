@@ -76,6 +76,8 @@ pub struct ProxyStats {
     pub too_early: AtomicU64,
     /// Requests that arrived as early data and were served.
     pub early_data_served: AtomicU64,
+    /// OSCORE messages forwarded (RFC 8613 section 11).
+    pub oscore: AtomicU64,
     /// 504s.
     pub timeouts: AtomicU64,
     /// 502s.
@@ -230,19 +232,30 @@ impl Proxy {
                     ),
                 ));
             }
-            if let WriteAuth::LoopbackOnly { why } = &self.cfg.write_auth {
+            // An OSCORE message (RFC 8613 section 11) is verified and
+            // authorised by the CoAP server that holds its key; the proxy
+            // cannot even tell a read from a write inside it, so its own
+            // write policy stays out of the way.
+            let write_auth = if crate::mapping::is_oscore(headers) {
+                &WriteAuth::Open
+            } else {
+                &self.cfg.write_auth
+            };
+            if let WriteAuth::LoopbackOnly { why } = write_auth {
                 if !client.addr.to_canonical().is_loopback() {
                     self.stats.write_refused.fetch_add(1, Relaxed);
                     self.stats.write_mode_unset.fetch_add(1, Relaxed);
                     return Err(ProxyError::new(StatusCode::FORBIDDEN, why.clone()));
                 }
             }
-            let refused = match &self.cfg.write_auth {
+            let refused = match write_auth {
                 WriteAuth::Open | WriteAuth::LoopbackOnly { .. } => None,
                 WriteAuth::Bearer { .. } if write_token.is_some() => None,
                 WriteAuth::Bearer { .. } => Some("writes need a valid bearer token"),
                 WriteAuth::Refuse => Some(
-                    "writes need a DTLS identity (access.write = \"dtls\"), which HTTP cannot carry",
+                    "writes need a DTLS identity or OSCORE (access.write): over HTTP only an \
+                     OSCORE-protected request carries one (RFC 8613 section 11; mintgate http \
+                     --oscore)",
                 ),
             };
             if let Some(why) = refused {
@@ -289,6 +302,9 @@ impl Proxy {
             ));
         }
         let (mut req, info) = map_request(method, headers, &target, &body)?;
+        if crate::mapping::is_oscore(headers) {
+            self.stats.oscore.fetch_add(1, Relaxed);
+        }
         if let (Some(t), WriteAuth::Bearer { forward_to, .. }) = (write_token, &self.cfg.write_auth)
         {
             if forward_to.contains(&authority) {

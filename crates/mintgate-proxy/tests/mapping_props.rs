@@ -7,7 +7,8 @@ use mintgate_coap::wire::{Code, OptionNumber};
 use mintgate_proxy::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use mintgate_proxy::mapping::{
     map_request, map_response, map_status, resolve_target, Authority, CoapResponse, RequestInfo,
-    ResponseContext, ReverseMapping, KNOWN_RESPONSE_OPTIONS, MAPPED_REQUEST_HEADERS,
+    ResponseContext, ReverseMapping, APPLICATION_OSCORE, KNOWN_RESPONSE_OPTIONS,
+    MAPPED_REQUEST_HEADERS, OSCORE_HEADER, OSCORE_OPTION,
 };
 use proptest::prelude::*;
 
@@ -88,6 +89,7 @@ proptest! {
             options: options.into_iter().map(|(n, v)| (n, Bytes::from(v))).collect(),
             payload: Bytes::from(payload.clone()),
         };
+        let protected = resp.option(OSCORE_OPTION).is_some();
         let want = map_status(Code(code), conditional, !payload.is_empty());
         match map_response(resp, &cx) {
             Ok(r) => {
@@ -98,6 +100,11 @@ proptest! {
                 prop_assert_eq!(r.body().is_empty(), bodyless || payload.is_empty());
                 if let Some(l) = r.headers().get(header::LOCATION) {
                     prop_assert!(l.to_str().unwrap().starts_with("/hc/coap://"));
+                }
+                // an OSCORE answer goes back with its header field and type
+                prop_assert_eq!(r.headers().contains_key(OSCORE_HEADER), protected);
+                if protected {
+                    prop_assert_eq!(&r.headers()[header::CONTENT_TYPE], APPLICATION_OSCORE);
                 }
             }
             Err(e) => prop_assert_eq!(e.status, StatusCode::BAD_GATEWAY),

@@ -130,7 +130,12 @@ impl FakeCoap {
                         let _ = sock.send_to(&rst, src);
                         continue;
                     }
-                    "weird" => reply(Code::CONTENT, &[(OptionNumber(9), vec![1])], b"?", &mut out),
+                    "weird" => reply(
+                        Code::CONTENT,
+                        &[(OptionNumber(13), vec![1])],
+                        b"?",
+                        &mut out,
+                    ),
                     "slow" => {
                         let len = reply(Code::CONTENT, &[], b"slow", &mut out);
                         let (s, data) = (sock.clone(), out[..len].to_vec());

@@ -21,6 +21,10 @@
 //!   (strong, hex), Location-Path/Location-Query -> Location (back through
 //!   the reverse mapping when the location lies under it), 2.03 -> 304 when
 //!   the request was conditional.
+//! - OSCORE (RFC 8613 section 11): a request with the `OSCORE` header
+//!   field is a protected CoAP request, forwarded with its option and body
+//!   and nothing else; a response with the OSCORE option goes back with the
+//!   header field and `application/oscore` ([`oscore`]).
 //! - A response that cannot be understood (not a response code, a critical
 //!   option this proxy does not know, a block-wise answer, a malformed
 //!   option value) is 502.
@@ -32,7 +36,7 @@
 //!
 //! The parts: [`target`] (which CoAP resource a request names: `/hc/`
 //! URIs, authorities, reverse mappings), [`request`] (HTTP request -> CoAP
-//! request), [`response`] (CoAP response -> HTTP response: status and
+//! request), [`oscore`] (OSCORE messages over HTTP), [`response`] (CoAP response -> HTTP response: status and
 //! headers) and [`media`] (the Content-Format <-> Content-Type table). All
 //! their public items are re-exported here, where callers name them.
 
@@ -43,11 +47,16 @@ use http::header::{self, HeaderValue};
 use http::{Response, StatusCode};
 
 mod media;
+mod oscore;
 mod request;
 mod response;
 mod target;
 
 pub use media::{content_format_for, content_type_for};
+pub use oscore::{
+    header_from_option, is_oscore, map_oscore_request, option_from_header, APPLICATION_OSCORE,
+    OSCORE_HEADER, OSCORE_OPTION,
+};
 pub use request::{
     map_method, map_request, safe_for_early_data, CoapRequest, RequestInfo, MAPPED_REQUEST_HEADERS,
 };

@@ -1,6 +1,8 @@
 //! HTTP request -> CoAP request (RFC 8075 sections 6 and 7): the method,
 //! the headers that have CoAP options (Content-Type, Accept, If-Match,
-//! If-None-Match, Cache-Control), and the body.
+//! If-None-Match, Cache-Control), and the body. A request with the
+//! `OSCORE` header field is an OSCORE message, forwarded as it is
+//! ([`super::oscore`]).
 //!
 //! Invariant: a request either maps or is answered with a [`ProxyError`]
 //! (400 for a malformed header, 414 for a Uri-Path or Uri-Query value over
@@ -88,7 +90,8 @@ fn header_str<'a>(h: &'a HeaderMap, name: &HeaderName) -> Result<Option<String>,
 }
 
 /// The request headers [`map_request`] reads (others are not mapped).
-pub const MAPPED_REQUEST_HEADERS: [HeaderName; 6] = [
+pub const MAPPED_REQUEST_HEADERS: [HeaderName; 7] = [
+    super::oscore::OSCORE_HEADER,
     header::CONTENT_TYPE,
     header::ACCEPT,
     header::IF_MATCH,
@@ -105,6 +108,9 @@ pub fn map_request(
     target: &CoapTarget,
     body: &[u8],
 ) -> Result<(CoapRequest, RequestInfo), ProxyError> {
+    if super::oscore::is_oscore(headers) {
+        return super::oscore::map_oscore_request(method, headers, target, body);
+    }
     let code = map_method(method)?;
     let mut info = RequestInfo {
         head: method == Method::HEAD,

@@ -14,7 +14,10 @@ use http::{Response, StatusCode};
 use mintgate_coap::wire::{decode_uint, Code, OptionNumber};
 
 use super::target::{encode_path, encode_query};
-use super::{bad, content_type_for, Authority, ProxyError, RequestInfo, ReverseMapping, HC_PREFIX};
+use super::{
+    bad, content_type_for, header_from_option, Authority, ProxyError, RequestInfo, ReverseMapping,
+    APPLICATION_OSCORE, HC_PREFIX, OSCORE_HEADER, OSCORE_OPTION,
+};
 
 /// Max-Age when a response carries none (RFC 7252 section 5.10.5).
 pub const DEFAULT_MAX_AGE: u32 = mintgate_coap::cache::DEFAULT_MAX_AGE;
@@ -55,7 +58,8 @@ pub use mintgate_coap::cache::Response as CoapResponse;
 
 /// Options of a response this proxy understands; any other critical option
 /// makes the response unintelligible (RFC 7252 section 5.4.1).
-pub const KNOWN_RESPONSE_OPTIONS: [OptionNumber; 8] = [
+pub const KNOWN_RESPONSE_OPTIONS: [OptionNumber; 9] = [
+    OSCORE_OPTION,
     OptionNumber::ETAG,
     OptionNumber::OBSERVE,
     OptionNumber::LOCATION_PATH,
@@ -170,8 +174,13 @@ pub fn map_response(
     let mut loc_query = Vec::new();
     let mut etag: Option<&[u8]> = None;
     let mut cf: Option<u16> = None;
+    let mut oscore: Option<&[u8]> = None;
     for (n, v) in &resp.options {
         match *n {
+            OSCORE_OPTION if oscore.is_some() || v.len() > 255 => {
+                return Err(unintelligible("bad OSCORE option".into()))
+            }
+            OSCORE_OPTION => oscore = Some(v),
             OptionNumber::BLOCK2 | OptionNumber::BLOCK1 => {
                 return Err(unintelligible(
                     "block-wise transfer is not supported".into(),
@@ -212,7 +221,16 @@ pub fn map_response(
             headers.insert(header::ETAG, v);
         }
     }
-    if resp.cacheable_code() {
+    if let Some(o) = oscore {
+        // RFC 8613 section 11: the protected answer goes back whole; it
+        // is not for caches
+        headers.insert(OSCORE_HEADER, header_from_option(o));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(APPLICATION_OSCORE),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    } else if resp.cacheable_code() {
         let max_age = resp
             .max_age()
             .ok_or_else(|| unintelligible("bad Max-Age".into()))?

@@ -428,7 +428,19 @@ fn unintelligible_responses_are_502() {
     assert_eq!(bad(Code::GET, vec![]), StatusCode::BAD_GATEWAY);
     assert_eq!(bad(Code::new(3, 1), vec![]), StatusCode::BAD_GATEWAY);
     assert_eq!(
-        bad(Code::CONTENT, vec![(OptionNumber(9), vec![1])]),
+        bad(Code::CONTENT, vec![(OptionNumber(13), vec![1])]),
+        StatusCode::BAD_GATEWAY
+    );
+    // OSCORE once, within its length
+    assert_eq!(
+        bad(
+            Code::CHANGED,
+            vec![(OSCORE_OPTION, vec![]), (OSCORE_OPTION, vec![1])]
+        ),
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(
+        bad(Code::CHANGED, vec![(OSCORE_OPTION, vec![1; 256])]),
         StatusCode::BAD_GATEWAY
     );
     assert_eq!(
@@ -648,4 +660,38 @@ proptest! {
             Err(e) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
         }
     }
+}
+
+#[test]
+fn a_protected_answer_goes_back_whole() {
+    // RFC 8613 section 11.5: 2.04 with an empty OSCORE option and the
+    // ciphertext is 200 with `OSCORE: AA` and application/oscore
+    let a = Authority::new("127.0.0.1", 5683);
+    let info = RequestInfo {
+        no_cache: true,
+        no_store: true,
+        ..RequestInfo::default()
+    };
+    let r = CoapResponse {
+        code: Code::CHANGED,
+        options: vec![
+            (OSCORE_OPTION, Bytes::new()),
+            (OptionNumber::MAX_AGE, Bytes::from(vec![0])),
+        ],
+        payload: Bytes::from_static(b"\x00\x31\xd1\xfc"),
+    };
+    let h = map_response(r, &cx(&a, &info)).unwrap();
+    assert_eq!(h.status(), StatusCode::OK);
+    assert_eq!(h.headers()["oscore"], "AA");
+    assert_eq!(h.headers()["content-type"], "application/oscore");
+    assert_eq!(h.headers()["cache-control"], "no-cache");
+    assert_eq!(h.body().as_ref(), b"\x00\x31\xd1\xfc");
+    // a notification's option (a Partial IV) and outer 2.05
+    let r = CoapResponse {
+        code: Code::CONTENT,
+        options: vec![(OSCORE_OPTION, Bytes::from(vec![0x09, 0x25]))],
+        payload: Bytes::from_static(b"x"),
+    };
+    let h = map_response(r, &cx(&a, &info)).unwrap();
+    assert_eq!(h.headers()["oscore"], "CSU");
 }
