@@ -510,7 +510,7 @@ fn parse_coap_uri(uri: &str) -> anyhow::Result<(SocketAddr, String, Transport)> 
     let transport = match scheme {
         Scheme::Coap => Transport::Udp,
         Scheme::CoapTcp => Transport::Tcp,
-        Scheme::Coaps | Scheme::CoapsTcp => {
+        Scheme::Coaps | Scheme::CoapsTcp | Scheme::CoapWs | Scheme::CoapsWs => {
             bail!("{uri:?}: only coap:// and coap+tcp:// URIs can be benchmarked")
         }
     };

@@ -53,6 +53,10 @@ CoAP over TCP (RFC 8323): one connection, CSM first, no retransmissions;
 (port 5684) does the same over TLS 1.2/1.3 with ALPN \"coap\": --coaps-ca
 is required (the server's certificate must chain to it and name HOST),
 --coaps-cert/--coaps-key add a client certificate; no pre-shared keys.
+coap+ws://HOST[:PORT]/PATH (port 80) and coaps+ws://... (port 443, TLS as
+for coaps+tcp) run it over WebSockets (RFC 8323 section 4): the connection
+is upgraded at /.well-known/coap with the subprotocol \"coap\" (mintgate
+serve listens for them on `coap.ws_bind` and `coaps.ws_bind`).
 
 coaps://HOST[:PORT]/PATH (port 5684 by default) runs the request over
 DTLS 1.2 (RFC 7252 section 9): with --psk-identity and --psk-key
@@ -87,10 +91,11 @@ const NON_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(clap::Args)]
 #[command(after_help = EXIT_CODES)]
 pub struct RequestArgs {
-    /// coap://host[:port]/path?query, coaps://... or coap+tcp://... — host
-    /// is an IPv4 address, an IPv6 address in brackets or a name; port
-    /// defaults to 5683 (coaps: 5684); path segments and query parameters
-    /// are percent-decoded.
+    /// coap://host[:port]/path?query, coaps://..., coap+tcp://...,
+    /// coaps+tcp://..., coap+ws://... or coaps+ws://... — host is an IPv4
+    /// address, an IPv6 address in brackets or a name; port defaults to
+    /// 5683 (coaps, coaps+tcp: 5684; coap+ws: 80; coaps+ws: 443); path
+    /// segments and query parameters are percent-decoded.
     #[arg(value_name = "URI")]
     uri: String,
     #[command(flatten)]
@@ -261,23 +266,28 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("bad URI '{}'", args.uri))?;
     let secure = scheme == Scheme::Coaps;
     let dest = resolve(&uri)?;
-    if scheme == Scheme::CoapsTcp {
+    if matches!(scheme, Scheme::CoapsTcp | Scheme::CoapsWs) {
+        let name = if scheme == Scheme::CoapsTcp {
+            "coaps+tcp"
+        } else {
+            "coaps+ws"
+        };
         if args.dtls.psk_identity.is_some() {
             anyhow::bail!(
-                "coaps+tcp:// takes certificates only (--coaps-ca, --coaps-cert/--coaps-key): \
+                "{name}:// takes certificates only (--coaps-ca, --coaps-cert/--coaps-key): \
                  the TLS library has no pre-shared keys"
             );
         }
         if args.dtls.coaps_ca.is_none() {
-            return Err(crate::UsageError(
-                "coaps+tcp:// needs --coaps-ca FILE: the CA the server's certificate must chain to"
-                    .into(),
-            )
+            return Err(crate::UsageError(format!(
+                "{name}:// needs --coaps-ca FILE: the CA the server's certificate must chain to"
+            ))
             .into());
         }
     } else if !secure && args.dtls.any() {
         anyhow::bail!(
-            "--psk-identity, --coaps-ca and --coaps-cert are for coaps:// and coaps+tcp:// URIs only"
+            "--psk-identity, --coaps-ca and --coaps-cert are for coaps://, coaps+tcp:// and \
+             coaps+ws:// URIs only"
         );
     }
 
@@ -321,9 +331,28 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
         ));
     }
 
+    // over WebSockets: the authority the upgrade request names
+    let ws = matches!(scheme, Scheme::CoapWs | Scheme::CoapsWs).then(|| {
+        let host = match &uri.host {
+            Host::Ip(std::net::IpAddr::V6(ip)) => format!("[{ip}]"),
+            Host::Ip(ip) => ip.to_string(),
+            Host::Name(n) => n.clone(),
+        };
+        (scheme == Scheme::CoapsWs, format!("{host}:{}", uri.port))
+    });
+    // the Uri-Host of a name: the WebSocket's Host header carries it
+    if ws.is_some() {
+        options.retain(|(n, _)| *n != OptionNumber::URI_HOST);
+    }
+    let link = |ws: &Option<(bool, String)>| match ws {
+        Some((_, authority)) => Framed::WebSocket(authority.clone()),
+        None => Framed::Stream,
+    };
     match scheme {
-        Scheme::CoapTcp => return run_tcp(method, &args, dest, None, &options, &payload),
-        Scheme::CoapsTcp => {
+        Scheme::CoapTcp | Scheme::CoapWs => {
+            return run_tcp(method, &args, dest, None, link(&ws), &options, &payload)
+        }
+        Scheme::CoapsTcp | Scheme::CoapsWs => {
             let ca = args
                 .dtls
                 .coaps_ca
@@ -334,15 +363,29 @@ pub fn run(method: Code, args: RequestArgs) -> anyhow::Result<ExitCode> {
                 .coaps_cert
                 .as_deref()
                 .zip(args.dtls.coaps_key.as_deref());
-            let cfg = mintgate_gateway::coap_tcp::client_tls_config(ca, key)
+            let mut cfg = mintgate_gateway::coap_tcp::client_tls_config(ca, key)
                 .map_err(anyhow::Error::msg)
-                .context("coaps+tcp")?;
+                .context("TLS")?;
+            if ws.is_some() {
+                // a WebSocket starts as HTTP/1.1 (RFC 8323 section 4.1)
+                let mut c = (*cfg).clone();
+                c.alpn_protocols = vec![b"http/1.1".to_vec()];
+                cfg = std::sync::Arc::new(c);
+            }
             let name = match &uri.host {
                 Host::Ip(ip) => rustls::pki_types::ServerName::IpAddress((*ip).into()),
                 Host::Name(n) => rustls::pki_types::ServerName::try_from(n.clone())
                     .with_context(|| format!("'{n}' is not a TLS server name"))?,
             };
-            return run_tcp(method, &args, dest, Some((cfg, name)), &options, &payload);
+            return run_tcp(
+                method,
+                &args,
+                dest,
+                Some((cfg, name)),
+                link(&ws),
+                &options,
+                &payload,
+            );
         }
         Scheme::Coap | Scheme::Coaps => {}
     }
@@ -689,8 +732,18 @@ impl TcpLike for rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStre
     }
 }
 
+/// How CoAP frames travel on the connection (RFC 8323).
+enum Framed {
+    /// Length-prefixed on the byte stream (coap+tcp, coaps+tcp).
+    Stream,
+    /// One per WebSocket message, after an upgrade at `/.well-known/coap`
+    /// naming this authority (coap+ws, coaps+ws).
+    WebSocket(String),
+}
+
 /// Sends the request over CoAP over TCP (RFC 8323) `--count` times on one
-/// connection (TLS with `tls`: coaps+tcp); prints each answer.
+/// connection (TLS with `tls`: coaps+tcp; WebSockets over it with
+/// `framed`); prints each answer.
 fn run_tcp(
     method: Code,
     args: &RequestArgs,
@@ -699,6 +752,7 @@ fn run_tcp(
         std::sync::Arc<rustls::ClientConfig>,
         rustls::pki_types::ServerName<'static>,
     )>,
+    framed: Framed,
     options: &[(OptionNumber, Vec<u8>)],
     payload: &[u8],
 ) -> anyhow::Result<ExitCode> {
@@ -730,7 +784,7 @@ fn run_tcp(
     };
     let _ = s.set_nodelay(true);
     let Some((cfg, name)) = tls else {
-        return tcp_requests(method, args, dest, s, options, payload);
+        return framed_requests(method, args, dest, s, framed, options, payload, start);
     };
     let mut conn = rustls::ClientConnection::new(cfg, name).context("starting TLS")?;
     let _ = s.set_read_timeout(Some(overall));
@@ -746,17 +800,193 @@ fn run_tcp(
             return Ok(ExitCode::from(EXIT_HANDSHAKE));
         }
     }
-    if conn.alpn_protocol() != Some(b"coap") {
+    if matches!(framed, Framed::Stream) && conn.alpn_protocol() != Some(b"coap") {
         eprintln!("mintgate: {dest} did not agree to ALPN \"coap\" (RFC 8323 4.1); going on");
     }
-    tcp_requests(
+    framed_requests(
         method,
         args,
         dest,
         rustls::StreamOwned::new(conn, s),
+        framed,
         options,
         payload,
+        start,
     )
+}
+
+/// [`tcp_requests`] on `s` as it is, or after a WebSocket upgrade.
+#[allow(clippy::too_many_arguments)]
+fn framed_requests<S: TcpLike>(
+    method: Code,
+    args: &RequestArgs,
+    dest: SocketAddr,
+    s: S,
+    framed: Framed,
+    options: &[(OptionNumber, Vec<u8>)],
+    payload: &[u8],
+    start: Instant,
+) -> anyhow::Result<ExitCode> {
+    let Framed::WebSocket(authority) = framed else {
+        let link = StreamLink {
+            s,
+            buf: vec![0u8; 16 << 10],
+        };
+        return tcp_requests(method, args, dest, link, options, payload);
+    };
+    use tungstenite::client::IntoClientRequest;
+    let overall = args.timeout.unwrap_or(TCP_TIMEOUT);
+    // the scheme only picks the handshake's form; TLS is already under `s`
+    let mut req = format!("ws://{authority}/.well-known/coap")
+        .into_client_request()
+        .context("the WebSocket upgrade request")?;
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        tungstenite::http::HeaderValue::from_static("coap"),
+    );
+    s.set_read_timeout(Some(overall))
+        .with_context(|| format!("talking to {dest}"))?;
+    let ws = match tungstenite::client(req, s) {
+        Ok((ws, _)) => ws,
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => {
+            eprintln!(
+                "mintgate: {dest} refused the WebSocket upgrade at /.well-known/coap: {}",
+                r.status()
+            );
+            return Ok(ExitCode::from(EXIT_OTHER));
+        }
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Io(e)))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            return tcp_timed_out(dest, overall, "WebSocket upgrade", start)
+        }
+        Err(e) => {
+            eprintln!("mintgate: the WebSocket upgrade with {dest} failed: {e}");
+            return Ok(ExitCode::from(EXIT_OTHER));
+        }
+    };
+    tcp_requests(method, args, dest, WsLink { ws }, options, payload)
+}
+
+/// Why waiting for input on a [`Link`] ended without any.
+enum LinkError {
+    /// Nothing came in time.
+    Timeout,
+    /// The server broke the protocol or ended the connection.
+    Coap(mintgate_coap::client::tcp::ConnectionError),
+    /// The transport failed.
+    Io(anyhow::Error),
+}
+
+/// What carries a CoAP-over-TCP client connection: a byte stream (TCP,
+/// TLS) or WebSocket messages.
+trait Link {
+    /// Frames travel as WebSocket messages (no length field).
+    const WEBSOCKET: bool;
+    /// Sends everything the connection has queued.
+    fn send(&mut self, c: &mut ClientConnection) -> anyhow::Result<()>;
+    /// Waits up to `left` for input and feeds it to the connection;
+    /// `Ok(false)` when the server closed.
+    fn recv(
+        &mut self,
+        c: &mut ClientConnection,
+        left: Duration,
+        got: &mut Vec<mintgate_coap::client::tcp::TcpResponse>,
+    ) -> Result<bool, LinkError>;
+}
+
+fn timed_out_kind(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Length-prefixed frames on a byte stream.
+struct StreamLink<S> {
+    s: S,
+    buf: Vec<u8>,
+}
+
+impl<S: TcpLike> Link for StreamLink<S> {
+    const WEBSOCKET: bool = false;
+
+    fn send(&mut self, c: &mut ClientConnection) -> anyhow::Result<()> {
+        self.s.write_all(c.output())?;
+        let n = c.output().len();
+        c.consume_output(n);
+        Ok(())
+    }
+
+    fn recv(
+        &mut self,
+        c: &mut ClientConnection,
+        left: Duration,
+        got: &mut Vec<mintgate_coap::client::tcp::TcpResponse>,
+    ) -> Result<bool, LinkError> {
+        self.s
+            .set_read_timeout(Some(left))
+            .map_err(|e| LinkError::Io(e.into()))?;
+        match self.s.read(&mut self.buf) {
+            Ok(0) => Ok(false),
+            Ok(n) => c
+                .receive(&self.buf[..n], got)
+                .map(|()| true)
+                .map_err(LinkError::Coap),
+            Err(e) if timed_out_kind(&e) => Err(LinkError::Timeout),
+            Err(e) => Err(LinkError::Io(e.into())),
+        }
+    }
+}
+
+/// One frame per binary WebSocket message (RFC 8323 section 4).
+struct WsLink<S> {
+    ws: tungstenite::WebSocket<S>,
+}
+
+impl<S: TcpLike> Link for WsLink<S> {
+    const WEBSOCKET: bool = true;
+
+    fn send(&mut self, c: &mut ClientConnection) -> anyhow::Result<()> {
+        while let Some(m) = c.next_message().map(<[u8]>::to_vec) {
+            let n = m.len();
+            self.ws.send(tungstenite::Message::binary(m))?;
+            c.consume_output(n);
+        }
+        Ok(())
+    }
+
+    fn recv(
+        &mut self,
+        c: &mut ClientConnection,
+        left: Duration,
+        got: &mut Vec<mintgate_coap::client::tcp::TcpResponse>,
+    ) -> Result<bool, LinkError> {
+        self.ws
+            .get_mut()
+            .set_read_timeout(Some(left))
+            .map_err(|e| LinkError::Io(e.into()))?;
+        match self.ws.read() {
+            Ok(tungstenite::Message::Binary(m)) => c
+                .receive_message(&m, got)
+                .map(|()| true)
+                .map_err(LinkError::Coap),
+            Ok(tungstenite::Message::Close(_)) => Ok(false),
+            Ok(tungstenite::Message::Text(_)) => Err(LinkError::Io(anyhow::anyhow!(
+                "the server sent a text WebSocket message (CoAP travels in binary ones)"
+            ))),
+            // pings are answered inside tungstenite
+            Ok(_) => Ok(true),
+            Err(tungstenite::Error::Io(e)) if timed_out_kind(&e) => Err(LinkError::Timeout),
+            Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
+                Ok(false)
+            }
+            Err(e) => Err(LinkError::Io(e.into())),
+        }
+    }
 }
 
 /// Says that `what` did not come from `dest` within `overall` (of the
@@ -775,18 +1005,22 @@ fn tcp_timed_out(
 }
 
 /// The requests of [`run_tcp`] on an open connection.
-fn tcp_requests(
+fn tcp_requests<L: Link>(
     method: Code,
     args: &RequestArgs,
     dest: SocketAddr,
-    mut s: impl TcpLike,
+    mut link: L,
     options: &[(OptionNumber, Vec<u8>)],
     payload: &[u8],
 ) -> anyhow::Result<ExitCode> {
     let overall = args.timeout.unwrap_or(TCP_TIMEOUT);
     let timed_out = |what: &str, t: Instant| tcp_timed_out(dest, overall, what, t);
-    let mut c = ClientConnection::new(TCP_MAX_MESSAGE_SIZE, rand::random());
-    let mut buf = vec![0u8; 16 << 10];
+    let ws = L::WEBSOCKET;
+    let mut c = if ws {
+        ClientConnection::websocket(TCP_MAX_MESSAGE_SIZE, rand::random())
+    } else {
+        ClientConnection::new(TCP_MAX_MESSAGE_SIZE, rand::random())
+    };
     let mut got = Vec::new();
     let mut status = ExitCode::SUCCESS;
     for i in 0..args.count {
@@ -804,9 +1038,10 @@ fn tcp_requests(
             if token.is_none() && c.peer_csm_received() {
                 if args.verbose {
                     eprintln!(
-                        "-> {} {} ({dest}, TCP, {} byte payload)",
+                        "-> {} {} ({dest}, {}, {} byte payload)",
                         method.name().unwrap_or("?"),
                         args.uri,
+                        if ws { "WebSocket" } else { "TCP" },
                         payload.len(),
                     );
                 }
@@ -828,44 +1063,34 @@ fn tcp_requests(
                     break got.swap_remove(at);
                 }
             } else {
-                s.write_all(c.output())
+                link.send(&mut c)
                     .with_context(|| format!("writing to {dest}"))?;
-                let n = c.output().len();
-                c.consume_output(n);
                 continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return timed_out("response", t0);
             }
-            s.set_read_timeout(Some(left))
-                .with_context(|| format!("talking to {dest}"))?;
-            match s.read(&mut buf) {
-                Ok(0) => {
+            match link.recv(&mut c, left, &mut got) {
+                Ok(true) => {}
+                Ok(false) => {
                     eprintln!("mintgate: {dest} closed the connection");
                     return Ok(ExitCode::from(EXIT_OTHER));
                 }
-                Ok(n) => {
-                    if let Err(e) = c.receive(&buf[..n], &mut got) {
-                        eprintln!("mintgate: {dest}: {e}");
-                        return Ok(ExitCode::from(EXIT_OTHER));
-                    }
+                Err(LinkError::Coap(e)) => {
+                    eprintln!("mintgate: {dest}: {e}");
+                    return Ok(ExitCode::from(EXIT_OTHER));
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return timed_out("response", t0)
+                Err(LinkError::Timeout) => return timed_out("response", t0),
+                Err(LinkError::Io(e)) => {
+                    return Err(e).with_context(|| format!("talking to {dest}"))
                 }
-                Err(e) => return Err(e).with_context(|| format!("talking to {dest}")),
             }
         };
         status = print_response(
             args,
             resp.code,
-            "TCP",
+            if ws { "WebSocket" } else { "TCP" },
             &resp.options,
             &resp.payload,
             (t0.elapsed(), 0),

@@ -352,6 +352,40 @@ fn aiocoap_client_over_ws_against_serve() {
     assert!(o.contains("</request>") && o.contains("</echo>"), "{o}");
 }
 
+#[test]
+fn mintgate_client_over_ws_against_serve() {
+    let (_s, ws) = serve_ws("ws-mintgate", "");
+    let uri = |p: &str| format!("coap+ws://{ws}/{p}");
+    // three requests on one connection, each answered over WebSockets
+    let out = mintgate(&["get", "--verbose", "--count", "3", &uri("request")]);
+    assert!(out.status.success(), "{out:?}");
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(o.matches("hello world").count(), 3, "{o}");
+    assert_eq!(e.matches("<- WebSocket 2.05").count(), 3, "{e}");
+    let out = mintgate(&["put", "-e", "over ws", &uri("echo")]);
+    assert!(out.status.success(), "{out:?}");
+    let out = mintgate(&["get", &uri("echo")]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "over ws");
+    let out = mintgate(&["get", &uri("no/such")]);
+    assert_eq!(out.status.code(), Some(3), "4.04: {out:?}");
+    // a plain TCP listener is not a WebSocket one: the upgrade fails
+    let (_t, tcp) = serve_tcp("ws-not-tcp", "");
+    let out = mintgate(&[
+        "get",
+        "--timeout",
+        "3s",
+        &format!("coap+ws://{tcp}/request"),
+    ]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("WebSocket upgrade"),
+        "{out:?}"
+    );
+}
+
 /// A WebSocket client of our own making's connection, upgraded with
 /// `protocol` (None: no Sec-WebSocket-Protocol) at `path`.
 fn ws_connect(

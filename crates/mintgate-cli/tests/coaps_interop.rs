@@ -890,6 +890,32 @@ fn coaps_over_websockets_with_certificates() {
     let ask = |cert, req: &[u8]| ask_n(cert, req, 1).remove(0);
     let get = [&[0x01, Code::GET.0, b't', 0xB7][..], b"request"].concat();
     assert_eq!(ask(None, &get), (Code::CONTENT, b"hello world".to_vec()));
+    // mintgate's own coaps+ws client: the server verified by the name in
+    // its certificate; a write with the CA's client certificate is taken
+    let ca = pki.ca.display().to_string();
+    let uri = |path: &str| format!("coaps+ws://localhost:{ws}/{path}");
+    let g = mintgate(&["get", "--coaps-ca", &ca, &uri("request")]);
+    assert_eq!(text(&g).0.trim(), "hello world", "{:?}", text(&g));
+    let (cc, ck) = (
+        pki.client_cert.display().to_string(),
+        pki.client_key.display().to_string(),
+    );
+    let w = mintgate(&[
+        "put",
+        "--coaps-ca",
+        &ca,
+        "--coaps-cert",
+        &cc,
+        "--coaps-key",
+        &ck,
+        "-e",
+        "over wss",
+        &uri("echo"),
+    ]);
+    assert!(w.status.success(), "{:?}", text(&w));
+    let g = mintgate(&["get", "--coaps-ca", &ca, "--verbose", &uri("echo")]);
+    assert_eq!(text(&g).0.trim(), "over wss", "{:?}", text(&g));
+    assert!(text(&g).1.contains("<- WebSocket 2.05"), "{:?}", text(&g));
     let put = [&[0x01, Code::PUT.0, b't', 0xB4][..], b"echo\xFFhi"].concat();
     assert_eq!(ask(None, &put).0, Code::UNAUTHORIZED, "no certificate");
     let cert = (&pki.client_cert, &pki.client_key);

@@ -1,8 +1,9 @@
 // Parses outside input: no indexing that could panic.
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-//! `coap://` URIs (RFC 7252 section 6.4), and `coaps://` and `coap+tcp://`
-//! (RFC 8323 8.1): split into a destination and the Uri-Host, Uri-Path and
-//! Uri-Query options a request carries.
+//! `coap://` URIs (RFC 7252 section 6.4), `coaps://`, and `coap+tcp://`,
+//! `coaps+tcp://`, `coap+ws://` and `coaps+ws://` (RFC 8323 section 8):
+//! split into a destination and the Uri-Host, Uri-Path and Uri-Query
+//! options a request carries.
 //!
 //! Pure: a host name is kept as a name; resolving it is the caller's I/O.
 
@@ -68,7 +69,7 @@ pub fn parse(s: &str) -> Result<CoapUri, UriError> {
         (_, Scheme::Coaps) => bail!(
             "unsupported scheme 'coaps' here: only coap:// (CoAP over UDP, no DTLS) is supported"
         ),
-        (_, Scheme::CoapTcp | Scheme::CoapsTcp) => {
+        (_, Scheme::CoapTcp | Scheme::CoapsTcp | Scheme::CoapWs | Scheme::CoapsWs) => {
             bail!(
                 "unsupported scheme '{}' here: only coap:// (CoAP over UDP) is supported",
                 tcp_name(s)
@@ -83,7 +84,7 @@ pub fn parse_any(s: &str) -> Result<(CoapUri, bool), UriError> {
     match parse_scheme(s)? {
         (u, Scheme::Coap) => Ok((u, false)),
         (u, Scheme::Coaps) => Ok((u, true)),
-        (_, Scheme::CoapTcp | Scheme::CoapsTcp) => {
+        (_, Scheme::CoapTcp | Scheme::CoapsTcp | Scheme::CoapWs | Scheme::CoapsWs) => {
             bail!(
                 "unsupported scheme '{}' here: coap:// (CoAP over UDP) or coaps:// (over DTLS)",
                 tcp_name(s)
@@ -92,7 +93,7 @@ pub fn parse_any(s: &str) -> Result<(CoapUri, bool), UriError> {
     }
 }
 
-/// `coap+tcp` or `coaps+tcp`, as `s` spells it.
+/// The scheme (`coap+tcp`, `coap+ws`, ...) as `s` spells it.
 fn tcp_name(s: &str) -> &str {
     s.split_once("://").map_or(s, |(scheme, _)| scheme)
 }
@@ -108,6 +109,24 @@ pub enum Scheme {
     CoapTcp,
     /// `coaps+tcp://`: TLS over TCP (RFC 8323 8.2; port 5684 when absent).
     CoapsTcp,
+    /// `coap+ws://`: WebSockets (RFC 8323 8.3; port 80 when absent), at
+    /// `/.well-known/coap` on the host.
+    CoapWs,
+    /// `coaps+ws://`: WebSockets over TLS (RFC 8323 8.4; port 443 when
+    /// absent).
+    CoapsWs,
+}
+
+impl Scheme {
+    /// The port when the URI gives none.
+    pub fn default_port(self) -> u16 {
+        match self {
+            Scheme::Coap | Scheme::CoapTcp => DEFAULT_PORT,
+            Scheme::Coaps | Scheme::CoapsTcp => DEFAULT_SECURE_PORT,
+            Scheme::CoapWs => 80,
+            Scheme::CoapsWs => 443,
+        }
+    }
 }
 
 /// Like [`parse`], for every scheme of [`Scheme`].
@@ -123,13 +142,17 @@ pub fn parse_scheme(s: &str) -> Result<(CoapUri, Scheme), UriError> {
         Scheme::CoapTcp
     } else if scheme.eq_ignore_ascii_case("coaps+tcp") {
         Scheme::CoapsTcp
+    } else if scheme.eq_ignore_ascii_case("coap+ws") {
+        Scheme::CoapWs
+    } else if scheme.eq_ignore_ascii_case("coaps+ws") {
+        Scheme::CoapsWs
     } else {
         bail!(
             "unsupported scheme '{scheme}': coap:// (CoAP over UDP), coaps:// (over DTLS), \
-             coap+tcp:// (over TCP) or coaps+tcp:// (over TLS)"
+             coap+tcp:// (over TCP), coaps+tcp:// (over TLS), coap+ws:// (over WebSockets) or \
+             coaps+ws:// (over WebSockets and TLS)"
         );
     };
-    let secure = matches!(kind, Scheme::Coaps | Scheme::CoapsTcp);
     if rest.contains('#') {
         bail!("a CoAP URI must not have a fragment ('#...')");
     }
@@ -184,8 +207,7 @@ pub fn parse_scheme(s: &str) -> Result<(CoapUri, Scheme), UriError> {
         (host, p)
     };
     let port = match port {
-        None | Some("") if secure => DEFAULT_SECURE_PORT,
-        None | Some("") => DEFAULT_PORT,
+        None | Some("") => kind.default_port(),
         Some(p) => match p.parse::<u16>() {
             Ok(n) if n != 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
             _ => bail!("invalid port '{p}' (1-65535)"),
@@ -385,6 +407,19 @@ mod tests {
         let e = parse_any("coap+tcp://h/").unwrap_err().to_string();
         assert!(e.contains("'coap+tcp' here"), "{e}");
         assert!(parse("coap+tcp://h/").is_err());
+    }
+
+    #[test]
+    fn coap_ws_takes_the_http_ports_by_default() {
+        let (u, k) = parse_scheme("coap+ws://127.0.0.1/a").unwrap();
+        assert_eq!((k, u.port), (Scheme::CoapWs, 80));
+        let (u, k) = parse_scheme("COAPS+WS://example.org:8443/a").unwrap();
+        assert_eq!((k, u.port), (Scheme::CoapsWs, 8443));
+        assert_eq!(parse_scheme("coaps+ws://h/").unwrap().0.port, 443);
+        assert!(parse_any("coap+ws://h/")
+            .unwrap_err()
+            .to_string()
+            .contains("'coap+ws' here"));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The client side of one CoAP connection over a reliable transport (RFC
-//! 8323: TCP or TLS), sans-IO.
+//! 8323: TCP or TLS, or WebSockets), sans-IO.
 //!
 //! [`ClientConnection::new`] queues our CSM; [`ClientConnection::request`]
 //! queues a request frame with a fresh token (held to the server's
@@ -9,10 +9,15 @@
 //! server's CSM, and returns responses by token. No retransmission and no
 //! message IDs: the transport is reliable. Frames are held to our own
 //! Max-Message-Size, so the input buffer is bounded.
+//!
+//! Over WebSockets ([`ClientConnection::websocket`]) a frame has no length
+//! field: each is one binary WebSocket message, taken from
+//! [`ClientConnection::next_message`] and fed back whole to
+//! [`ClientConnection::receive_message`].
 
 use std::fmt;
 
-use crate::wire::tcp::{frame_len, FrameError, DEFAULT_MAX_MESSAGE_SIZE};
+use crate::wire::tcp::{frame_len, FrameError, Outbox, DEFAULT_MAX_MESSAGE_SIZE};
 use crate::wire::{Code, Framing, OptionNumber, RawOption, Signal, TcpPacket, TcpRepr};
 
 /// A response as received.
@@ -69,25 +74,37 @@ impl std::error::Error for ConnectionError {}
 
 /// The client side of one RFC 8323 connection.
 pub struct ClientConnection {
+    framing: Framing,
     max_message_size: u32,
     peer_max: u32,
     peer_csm: bool,
     next_token: u64,
     inbuf: Vec<u8>,
-    out: Vec<u8>,
+    out: Outbox,
 }
 
 impl ClientConnection {
     /// A connection that takes frames of up to `max_message_size` bytes;
     /// our CSM is the first output.
     pub fn new(max_message_size: u32, token_seed: u64) -> ClientConnection {
-        let mut out = Vec::new();
+        ClientConnection::with_framing(Framing::Stream, max_message_size, token_seed)
+    }
+
+    /// As [`ClientConnection::new`], over WebSockets (RFC 8323 section 4).
+    pub fn websocket(max_message_size: u32, token_seed: u64) -> ClientConnection {
+        ClientConnection::with_framing(Framing::WebSocket, max_message_size, token_seed)
+    }
+
+    fn with_framing(framing: Framing, max_message_size: u32, token_seed: u64) -> ClientConnection {
+        let mut out = Outbox::new();
         Signal::Csm {
             max_message_size: Some(max_message_size),
             block_wise: false,
         }
-        .emit_vec(Framing::Stream, &[], &mut out);
+        .emit_vec(framing, &[], out.buf());
+        out.end_message();
         ClientConnection {
+            framing,
             max_message_size,
             peer_max: DEFAULT_MAX_MESSAGE_SIZE,
             peer_csm: false,
@@ -131,30 +148,52 @@ impl ClientConnection {
             options: opts,
             payload,
         };
-        let size = repr.buffer_len(Framing::Stream);
+        let size = repr.buffer_len(self.framing);
         if size > self.peer_max as usize {
             return Err(ConnectionError::RequestTooLarge {
                 size,
                 max: self.peer_max,
             });
         }
-        repr.emit_vec(Framing::Stream, &mut self.out).map_err(|_| {
+        repr.emit_vec(self.framing, self.out.buf()).map_err(|_| {
             ConnectionError::RequestTooLarge {
                 size,
                 max: self.peer_max,
             }
         })?;
+        self.out.end_message();
         Ok(token)
     }
 
-    /// Bytes to write to the transport.
+    /// Bytes to write to the transport (all of them, in order).
     pub fn output(&self) -> &[u8] {
-        &self.out
+        self.out.bytes()
+    }
+
+    /// The first whole message of the output (over WebSockets, one binary
+    /// WebSocket message); [`ClientConnection::consume_output`] its length
+    /// once sent.
+    pub fn next_message(&self) -> Option<&[u8]> {
+        self.out.next_message()
     }
 
     /// Drops the first `n` bytes of the output, written.
     pub fn consume_output(&mut self, n: usize) {
-        self.out.drain(..n.min(self.out.len()));
+        self.out.consume(n);
+    }
+
+    /// Takes one WebSocket message (one frame, Len 0); appends the response
+    /// it is, if it is one.
+    pub fn receive_message(
+        &mut self,
+        msg: &[u8],
+        responses: &mut Vec<TcpResponse>,
+    ) -> Result<(), ConnectionError> {
+        debug_assert_eq!(self.framing, Framing::WebSocket);
+        if msg.len() > self.max_message_size as usize {
+            return Err(ConnectionError::TooLarge(msg.len() as u64));
+        }
+        self.frame(msg, responses)
     }
 
     /// Takes bytes read from the transport; appends the responses found.
@@ -183,8 +222,7 @@ impl ClientConnection {
         frame: &[u8],
         responses: &mut Vec<TcpResponse>,
     ) -> Result<(), ConnectionError> {
-        let p =
-            TcpPacket::new_checked(frame, Framing::Stream).map_err(ConnectionError::Malformed)?;
+        let p = TcpPacket::new_checked(frame, self.framing).map_err(ConnectionError::Malformed)?;
         if p.is_signal() {
             match Signal::parse(&p) {
                 Ok(Signal::Csm {
@@ -196,7 +234,8 @@ impl ClientConnection {
                     }
                 }
                 Ok(Signal::Ping { custody }) => {
-                    Signal::Pong { custody }.emit_vec(Framing::Stream, p.token(), &mut self.out)
+                    Signal::Pong { custody }.emit_vec(self.framing, p.token(), self.out.buf());
+                    self.out.end_message();
                 }
                 Ok(Signal::Pong { .. }) => {}
                 Ok(Signal::Release { .. }) => return Err(ConnectionError::Released),
@@ -271,5 +310,52 @@ mod tests {
         assert_eq!(got[0].token, token);
         assert_eq!(got[0].code, Code::CHANGED);
         assert_eq!(got[0].payload, b"42");
+    }
+
+    #[test]
+    fn talks_to_the_server_connection_over_websockets() {
+        let mut router = Router::new();
+        router
+            .add(Resource::new("r").get(|_, rb| {
+                rb.write(b"hello");
+            }))
+            .unwrap();
+        let pool = Pool::new(&[PartitionConfig {
+            block_size: 2048,
+            blocks: 8,
+        }]);
+        let mut serve = |req: &Request<'_>, max: usize| handle_request(&router, &pool, req, 0, max);
+        let mut server = Connection::new(
+            Framing::WebSocket,
+            "127.0.0.1:9".parse().unwrap(),
+            ConnectionConfig::default(),
+        );
+        let mut client = ClientConnection::websocket(4096, 7);
+        let token = client
+            .request(Code::GET, &[(OptionNumber::URI_PATH, b"r".to_vec())], b"")
+            .unwrap();
+        let mut got = Vec::new();
+        // messages cross one at a time, as WebSocket messages do
+        for _ in 0..3 {
+            while let Some(m) = client.next_message().map(<[u8]>::to_vec) {
+                assert_eq!(m[0] >> 4, 0, "Len is 0 over WebSockets");
+                server.receive_message(&m, &mut serve);
+                client.consume_output(m.len());
+            }
+            while let Some(m) = server.next_message().map(<[u8]>::to_vec) {
+                client.receive_message(&m, &mut got).unwrap();
+                server.consume_output(m.len());
+            }
+        }
+        assert!(client.peer_csm_received());
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].token, token);
+        assert_eq!(got[0].payload, b"hello");
+        // a message over our Max-Message-Size is refused whole
+        let big = vec![0u8; 5000];
+        assert_eq!(
+            client.receive_message(&big, &mut got),
+            Err(ConnectionError::TooLarge(5000))
+        );
     }
 }

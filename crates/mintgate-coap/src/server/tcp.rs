@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use super::{Answer, Request};
 use crate::wire::tcp::DEFAULT_MAX_MESSAGE_SIZE;
-use crate::wire::tcp::{frame_from_udp, frame_len, FrameError, SignalError};
+use crate::wire::tcp::{frame_from_udp, frame_len, FrameError, Outbox, SignalError};
 use crate::wire::{Code, Framing, MessageType, Packet, RawOption, Signal, TcpPacket, TcpRepr};
 
 /// Room left in a response frame for its header and options when the
@@ -131,10 +131,7 @@ pub struct Connection {
     peer: SocketAddr,
     cfg: ConnectionConfig,
     inbuf: Vec<u8>,
-    out: Vec<u8>,
-    /// Where each message in `out` ends (WebSocket framing has no length
-    /// field, so the boundaries are kept beside the bytes).
-    ends: Vec<usize>,
+    out: Outbox,
     scratch: Vec<u8>,
     peer_max: u32,
     peer_csm: bool,
@@ -146,18 +143,18 @@ pub struct Connection {
 impl Connection {
     /// A new connection with `peer`; our CSM is the first output.
     pub fn new(framing: Framing, peer: SocketAddr, cfg: ConnectionConfig) -> Connection {
-        let mut out = Vec::new();
+        let mut out = Outbox::new();
         Signal::Csm {
             max_message_size: Some(cfg.max_message_size),
             block_wise: false,
         }
-        .emit_vec(framing, &[], &mut out);
+        .emit_vec(framing, &[], out.buf());
+        out.end_message();
         Connection {
             framing,
             peer,
             cfg,
             inbuf: Vec::new(),
-            ends: vec![out.len()],
             out,
             scratch: Vec::new(),
             peer_max: DEFAULT_MAX_MESSAGE_SIZE,
@@ -196,32 +193,19 @@ impl Connection {
 
     /// Bytes to write to the transport (all of them, in order).
     pub fn output(&self) -> &[u8] {
-        &self.out
+        self.out.bytes()
     }
 
     /// The first whole message of the output (over WebSockets, one binary
     /// WebSocket message); [`Connection::consume_output`] its length once
     /// sent.
     pub fn next_message(&self) -> Option<&[u8]> {
-        self.ends.first().map(|&e| &self.out[..e])
+        self.out.next_message()
     }
 
     /// Drops the first `n` bytes of the output, written.
     pub fn consume_output(&mut self, n: usize) {
-        let n = n.min(self.out.len());
-        self.out.drain(..n);
-        self.ends.retain_mut(|e| {
-            *e = e.saturating_sub(n);
-            *e > 0
-        });
-    }
-
-    /// Marks the end of a message appended to the output.
-    fn end_message(&mut self) {
-        let at = self.out.len();
-        if at > 0 && self.ends.last() != Some(&at) {
-            self.ends.push(at);
-        }
+        self.out.consume(n);
     }
 
     /// Whether a frame has begun and not yet ended.
@@ -312,11 +296,11 @@ impl Connection {
         let queued = self.closed.is_none()
             && self.peer_csm
             && Packet::new_checked(udp)
-                .map(|p| frame_from_udp(self.framing, &p, &mut self.out))
+                .map(|p| frame_from_udp(self.framing, &p, self.out.buf()))
                 .is_ok()
             && self.out.len() - at <= self.peer_max as usize;
         if queued {
-            self.end_message();
+            self.out.end_message();
             self.stats.notifications += 1;
         } else {
             self.out.truncate(at);
@@ -332,8 +316,8 @@ impl Connection {
                 alternative_address: None,
                 hold_off: None,
             }
-            .emit_vec(self.framing, &[], &mut self.out);
-            self.end_message();
+            .emit_vec(self.framing, &[], self.out.buf());
+            self.out.end_message();
             self.inbuf.clear();
             self.partial_since = None;
             self.closed = Some(Closed::Released);
@@ -356,8 +340,8 @@ impl Connection {
             bad_csm_option,
             diagnostic: why.text().as_bytes(),
         }
-        .emit_vec(self.framing, &[], &mut self.out);
-        self.end_message();
+        .emit_vec(self.framing, &[], self.out.buf());
+        self.out.end_message();
         self.inbuf.clear();
         self.partial_since = None;
         self.closed = Some(Closed::Aborted(why));
@@ -406,7 +390,7 @@ impl Connection {
                 let bytes = o.to_vec();
                 let at = self.out.len();
                 match Packet::new_checked(&bytes[..]) {
-                    Ok(r) => frame_from_udp(self.framing, &r, &mut self.out),
+                    Ok(r) => frame_from_udp(self.framing, &r, self.out.buf()),
                     Err(_) => self.simple(Code::INTERNAL_SERVER_ERROR, token),
                 }
                 if self.out.len() - at > self.peer_max as usize {
@@ -414,7 +398,7 @@ impl Connection {
                     self.out.truncate(at);
                     self.simple(Code::INTERNAL_SERVER_ERROR, token);
                 }
-                self.end_message();
+                self.out.end_message();
             }
             Answer::Exhausted => self.simple(Code::SERVICE_UNAVAILABLE, token),
             Answer::Silent => return,
@@ -430,8 +414,8 @@ impl Connection {
             options: Vec::<RawOption<'_>>::new(),
             payload: &[],
         };
-        let _ = r.emit_vec(self.framing, &mut self.out);
-        self.end_message();
+        let _ = r.emit_vec(self.framing, self.out.buf());
+        self.out.end_message();
     }
 
     fn signal(&mut self, p: &TcpPacket<&[u8]>) {
@@ -454,8 +438,8 @@ impl Connection {
                 self.stats.pings += 1;
                 // every earlier message is processed already: custody is
                 // given when asked for
-                Signal::Pong { custody }.emit_vec(self.framing, p.token(), &mut self.out);
-                self.end_message();
+                Signal::Pong { custody }.emit_vec(self.framing, p.token(), self.out.buf());
+                self.out.end_message();
             }
             Signal::Pong { .. } => self.stats.ignored += 1,
             Signal::Release { .. } => self.closed = Some(Closed::PeerRelease),

@@ -654,9 +654,103 @@ impl<'a> Signal<'a> {
     }
 }
 
+/// Frames waiting to be written, with where each ends: over a stream they
+/// go out as one run of bytes, over WebSockets one message each (their
+/// framing has no length field, so the boundaries are kept beside the
+/// bytes).
+///
+/// Invariant: `ends` is increasing, each within `bytes`, and the last one
+/// is `bytes.len()` once [`Outbox::end_message`] has been called after the
+/// last frame was appended.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Outbox {
+    /// An empty outbox.
+    pub fn new() -> Outbox {
+        Outbox::default()
+    }
+
+    /// Where to append the next frame; call [`Outbox::end_message`] after.
+    pub fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.bytes
+    }
+
+    /// Marks the end of a frame appended to [`Outbox::buf`].
+    pub fn end_message(&mut self) {
+        let at = self.bytes.len();
+        if at > 0 && self.ends.last() != Some(&at) {
+            self.ends.push(at);
+        }
+    }
+
+    /// Every byte waiting, in order.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Bytes waiting.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Drops what was appended after `at` (a frame that did not fit).
+    pub fn truncate(&mut self, at: usize) {
+        self.bytes.truncate(at);
+        self.ends.retain(|&e| e <= at);
+    }
+
+    /// The first whole frame (over WebSockets, one binary message).
+    pub fn next_message(&self) -> Option<&[u8]> {
+        self.ends.first().and_then(|&e| self.bytes.get(..e))
+    }
+
+    /// Drops the first `n` bytes, written.
+    pub fn consume(&mut self, n: usize) {
+        let n = n.min(self.bytes.len());
+        self.bytes.drain(..n);
+        self.ends.retain_mut(|e| {
+            *e = e.saturating_sub(n);
+            *e > 0
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_outbox_keeps_message_boundaries() {
+        let mut o = Outbox::new();
+        assert!(o.is_empty() && o.next_message().is_none());
+        o.buf().extend_from_slice(b"abc");
+        o.end_message();
+        o.buf().extend_from_slice(b"de");
+        o.end_message();
+        o.end_message(); // twice: one boundary
+        assert_eq!(o.bytes(), b"abcde");
+        assert_eq!(o.next_message(), Some(&b"abc"[..]));
+        // a frame that did not fit is taken back whole
+        let at = o.len();
+        o.buf().extend_from_slice(b"toolong");
+        o.truncate(at);
+        o.consume(3);
+        assert_eq!(o.next_message(), Some(&b"de"[..]));
+        // a stream writer may write part of a message
+        o.consume(1);
+        assert_eq!(o.next_message(), Some(&b"e"[..]));
+        o.consume(10);
+        assert!(o.is_empty() && o.next_message().is_none());
+    }
 
     #[test]
     fn length_extensions_at_their_thresholds() {
