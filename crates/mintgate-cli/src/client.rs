@@ -1004,7 +1004,9 @@ fn tcp_timed_out(
     Ok(ExitCode::from(EXIT_TIMEOUT))
 }
 
-/// The requests of [`run_tcp`] on an open connection.
+/// The requests of [`run_tcp`] on an open connection. A block-wise answer
+/// (RFC 7959) is fetched whole, in BERT blocks of several kilobytes when
+/// both CSMs offered them (RFC 8323 section 6).
 fn tcp_requests<L: Link>(
     method: Code,
     args: &RequestArgs,
@@ -1014,14 +1016,20 @@ fn tcp_requests<L: Link>(
     payload: &[u8],
 ) -> anyhow::Result<ExitCode> {
     let overall = args.timeout.unwrap_or(TCP_TIMEOUT);
-    let timed_out = |what: &str, t: Instant| tcp_timed_out(dest, overall, what, t);
     let ws = L::WEBSOCKET;
     let mut c = if ws {
         ClientConnection::websocket(TCP_MAX_MESSAGE_SIZE, rand::random())
     } else {
         ClientConnection::new(TCP_MAX_MESSAGE_SIZE, rand::random())
     };
-    let mut got = Vec::new();
+    let mut x = TcpExchange {
+        link: &mut link,
+        c: &mut c,
+        got: Vec::new(),
+        dest,
+        overall,
+        transport: if ws { "WebSocket" } else { "TCP" },
+    };
     let mut status = ExitCode::SUCCESS;
     for i in 0..args.count {
         if i > 0 {
@@ -1030,67 +1038,34 @@ fn tcp_requests<L: Link>(
             }
         }
         let t0 = Instant::now();
-        let deadline = t0 + overall;
-        let mut token = None;
-        let resp = loop {
-            // the server's CSM first: it may take more (or less) than the
-            // 1152 bytes assumed before it
-            if token.is_none() && c.peer_csm_received() {
-                if args.verbose {
-                    eprintln!(
-                        "-> {} {} ({dest}, {}, {} byte payload)",
-                        method.name().unwrap_or("?"),
-                        args.uri,
-                        if ws { "WebSocket" } else { "TCP" },
-                        payload.len(),
-                    );
-                }
-                match c.request(method, options, payload) {
-                    Ok(t) => token = Some(t),
-                    Err(e) => {
-                        eprintln!("mintgate: {dest}: {e}");
-                        return Ok(ExitCode::from(EXIT_OTHER));
-                    }
-                }
-            }
-            if c.output().is_empty() {
-                if let Some(at) =
-                    got.iter()
-                        .position(|r: &mintgate_coap::client::tcp::TcpResponse| {
-                            Some(&r.token) == token.as_ref()
-                        })
-                {
-                    break got.swap_remove(at);
-                }
-            } else {
-                link.send(&mut c)
-                    .with_context(|| format!("writing to {dest}"))?;
-                continue;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return timed_out("response", t0);
-            }
-            match link.recv(&mut c, left, &mut got) {
-                Ok(true) => {}
-                Ok(false) => {
-                    eprintln!("mintgate: {dest} closed the connection");
-                    return Ok(ExitCode::from(EXIT_OTHER));
-                }
-                Err(LinkError::Coap(e)) => {
-                    eprintln!("mintgate: {dest}: {e}");
-                    return Ok(ExitCode::from(EXIT_OTHER));
-                }
-                Err(LinkError::Timeout) => return timed_out("response", t0),
-                Err(LinkError::Io(e)) => {
-                    return Err(e).with_context(|| format!("talking to {dest}"))
-                }
-            }
+        if args.verbose {
+            eprintln!(
+                "-> {} {} ({dest}, {}, {} byte payload)",
+                method.name().unwrap_or("?"),
+                args.uri,
+                x.transport,
+                payload.len(),
+            );
+        }
+        let mut resp = match x.exchange(method, options, payload)? {
+            Ok(r) => r,
+            Err(code) => return Ok(code),
         };
+        let mut messages = 1;
+        if let Err(code) = x.rest_of_body(method, options, payload, &mut resp, &mut messages)? {
+            return Ok(code);
+        }
+        if args.verbose && messages > 1 {
+            eprintln!(
+                "   {} bytes in {messages} messages{}",
+                resp.payload.len(),
+                if x.c.peer_block_wise() { " (BERT)" } else { "" }
+            );
+        }
         status = print_response(
             args,
             resp.code,
-            if ws { "WebSocket" } else { "TCP" },
+            x.transport,
             &resp.options,
             &resp.payload,
             (t0.elapsed(), 0),
@@ -1098,6 +1073,155 @@ fn tcp_requests<L: Link>(
         )?;
     }
     Ok(status)
+}
+
+/// Largest body `mintgate get` puts together from blocks.
+const MAX_BLOCK_BODY: usize = 16 << 20;
+
+/// One connection's exchanges for [`tcp_requests`].
+struct TcpExchange<'a, L> {
+    link: &'a mut L,
+    c: &'a mut ClientConnection,
+    got: Vec<mintgate_coap::client::tcp::TcpResponse>,
+    dest: SocketAddr,
+    overall: Duration,
+    transport: &'static str,
+}
+
+impl<L: Link> TcpExchange<'_, L> {
+    /// Sends one request (after the server's CSM) and waits for its
+    /// answer; `Err(code)` when there is none, said on stderr.
+    fn exchange(
+        &mut self,
+        method: Code,
+        options: &[(OptionNumber, Vec<u8>)],
+        payload: &[u8],
+    ) -> anyhow::Result<Result<mintgate_coap::client::tcp::TcpResponse, ExitCode>> {
+        let dest = self.dest;
+        let t0 = Instant::now();
+        let deadline = t0 + self.overall;
+        let mut token = None;
+        loop {
+            // the server's CSM first: it may take more (or less) than the
+            // 1152 bytes assumed before it
+            if token.is_none() && self.c.peer_csm_received() {
+                match self.c.request(method, options, payload) {
+                    Ok(t) => token = Some(t),
+                    Err(e) => {
+                        eprintln!("mintgate: {dest}: {e}");
+                        return Ok(Err(ExitCode::from(EXIT_OTHER)));
+                    }
+                }
+            }
+            if self.c.output().is_empty() {
+                if let Some(at) = self
+                    .got
+                    .iter()
+                    .position(|r| Some(&r.token) == token.as_ref())
+                {
+                    return Ok(Ok(self.got.swap_remove(at)));
+                }
+            } else {
+                self.link
+                    .send(self.c)
+                    .with_context(|| format!("writing to {dest}"))?;
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return tcp_timed_out(dest, self.overall, "response", t0).map(Err);
+            }
+            match self.link.recv(self.c, left, &mut self.got) {
+                Ok(true) => {}
+                Ok(false) => {
+                    eprintln!("mintgate: {dest} closed the connection");
+                    return Ok(Err(ExitCode::from(EXIT_OTHER)));
+                }
+                Err(LinkError::Coap(e)) => {
+                    eprintln!("mintgate: {dest}: {e}");
+                    return Ok(Err(ExitCode::from(EXIT_OTHER)));
+                }
+                Err(LinkError::Timeout) => {
+                    return tcp_timed_out(dest, self.overall, "response", t0).map(Err)
+                }
+                Err(LinkError::Io(e)) => {
+                    return Err(e).with_context(|| format!("talking to {dest}"))
+                }
+            }
+        }
+    }
+
+    /// When `resp` is the first block of a block-wise answer, asks for the
+    /// rest and appends it to its payload, checking that every block
+    /// continues the body (its offset, its ETag); BERT blocks when both
+    /// sides offered them.
+    fn rest_of_body(
+        &mut self,
+        method: Code,
+        options: &[(OptionNumber, Vec<u8>)],
+        payload: &[u8],
+        resp: &mut mintgate_coap::client::tcp::TcpResponse,
+        messages: &mut usize,
+    ) -> anyhow::Result<Result<(), ExitCode>> {
+        let block2 = |r: &mintgate_coap::client::tcp::TcpResponse| {
+            r.options
+                .iter()
+                .find(|(n, _)| *n == OptionNumber::BLOCK2)
+                .and_then(|(_, v)| mintgate_coap::wire::decode_uint(v))
+        };
+        let etag = |r: &mintgate_coap::client::tcp::TcpResponse| {
+            r.options
+                .iter()
+                .find(|(n, _)| *n == OptionNumber::ETAG)
+                .map(|(_, v)| v.clone())
+        };
+        // bytes per NUM for a size exponent (7: BERT's 1024-byte units)
+        let unit = |szx: u32| if szx == 7 { 1024 } else { 16usize << szx };
+        let tag = etag(resp);
+        let mut last = block2(resp);
+        while let Some(v) = last.filter(|v| v & 8 != 0 && resp.code.class() == 2) {
+            let offset = resp.payload.len();
+            let szx = if self.c.peer_block_wise() { 7 } else { v & 7 };
+            let dest = self.dest;
+            let fail = |why: String| {
+                eprintln!("mintgate: {dest}: {why}");
+                Ok(Err(ExitCode::from(EXIT_OTHER)))
+            };
+            if !offset.is_multiple_of(unit(szx)) || offset > MAX_BLOCK_BODY {
+                return fail(format!("a block-wise answer stopped at {offset} bytes"));
+            }
+            let mut opts: Vec<(OptionNumber, Vec<u8>)> = options
+                .iter()
+                .filter(|(n, _)| *n != OptionNumber::BLOCK2)
+                .cloned()
+                .collect();
+            let mut b = [0u8; 4];
+            let num = (offset / unit(szx)) as u32;
+            opts.push((
+                OptionNumber::BLOCK2,
+                encode_uint((num << 4) | szx, &mut b).to_vec(),
+            ));
+            let next = match self.exchange(method, &opts, payload)? {
+                Ok(r) => r,
+                Err(code) => return Ok(Err(code)),
+            };
+            *messages += 1;
+            let nv = block2(&next);
+            let at = nv.map(|v| (v >> 4) as usize * unit(v & 7));
+            if next.code != resp.code || at != Some(offset) {
+                return fail(format!(
+                    "block {num} came back as {} at {at:?}, not the body's next",
+                    next.code
+                ));
+            }
+            if etag(&next) != tag {
+                return fail("the representation changed between blocks".into());
+            }
+            resp.payload.extend_from_slice(&next.payload);
+            last = nv;
+        }
+        Ok(Ok(()))
+    }
 }
 
 /// The value of one hex digit.

@@ -181,6 +181,29 @@ fn mintgate_client_over_tcp_against_serve() {
         j.contains("\"code\":\"2.05\"") && j.contains("hello world"),
         "{j}"
     );
+    // a 6,000-byte representation: its first 1024-byte block, then the
+    // rest in one BERT message (RFC 8323 section 6), over TCP and over
+    // WebSockets; libcoap (no BERT) fetches the same in 1024-byte blocks
+    let body: String = (0..6000).map(|i| (b'A' + (i % 26) as u8) as char).collect();
+    let dir = tmp_dir("tcp-bert");
+    let f = dir.join("body.txt");
+    std::fs::write(&f, &body).unwrap();
+    let out = mintgate(&[
+        "put",
+        "--payload-file",
+        f.to_str().unwrap(),
+        &format!("coap+tcp://{tcp}/echo"),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = mintgate(&["get", "--verbose", &format!("coap+tcp://{tcp}/echo")]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), body);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("6000 bytes in 2 messages (BERT)"), "{e}");
+    if have("coap-client-notls", "libcoap3-bin") {
+        let got = libcoap("get", &format!("coap+tcp://{tcp}/echo"), None);
+        assert_eq!(got.trim_end(), body);
+    }
 }
 
 /// Appends what `s` sends within `limit` to `buf`; true when it closed
@@ -259,7 +282,7 @@ fn bad_input_over_tcp_is_aborted_and_connections_are_bounded() {
         Signal::parse(&p),
         Ok(Signal::Csm {
             max_message_size: Some(1152),
-            block_wise: false
+            block_wise: true
         })
     );
 

@@ -78,6 +78,7 @@ pub struct ClientConnection {
     max_message_size: u32,
     peer_max: u32,
     peer_csm: bool,
+    peer_block_wise: bool,
     next_token: u64,
     inbuf: Vec<u8>,
     out: Outbox,
@@ -99,7 +100,7 @@ impl ClientConnection {
         let mut out = Outbox::new();
         Signal::Csm {
             max_message_size: Some(max_message_size),
-            block_wise: false,
+            block_wise: true,
         }
         .emit_vec(framing, &[], out.buf());
         out.end_message();
@@ -108,6 +109,7 @@ impl ClientConnection {
             max_message_size,
             peer_max: DEFAULT_MAX_MESSAGE_SIZE,
             peer_csm: false,
+            peer_block_wise: false,
             next_token: token_seed,
             inbuf: Vec::new(),
             out,
@@ -117,6 +119,12 @@ impl ClientConnection {
     /// Whether the server's CSM has come.
     pub fn peer_csm_received(&self) -> bool {
         self.peer_csm
+    }
+
+    /// Whether the server's CSM offered Block-wise transfer: BERT (RFC 8323
+    /// section 6) may be used, as ours offers it too.
+    pub fn peer_block_wise(&self) -> bool {
+        self.peer_block_wise
     }
 
     /// The server's Max-Message-Size (1152 until its CSM).
@@ -226,9 +234,11 @@ impl ClientConnection {
         if p.is_signal() {
             match Signal::parse(&p) {
                 Ok(Signal::Csm {
-                    max_message_size, ..
+                    max_message_size,
+                    block_wise,
                 }) => {
                     self.peer_csm = true;
+                    self.peer_block_wise = block_wise;
                     if let Some(m) = max_message_size {
                         self.peer_max = m;
                     }

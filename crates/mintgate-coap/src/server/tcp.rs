@@ -35,6 +35,7 @@ use super::{Answer, Request};
 use crate::wire::tcp::DEFAULT_MAX_MESSAGE_SIZE;
 use crate::wire::tcp::{frame_from_udp, frame_len, FrameError, Outbox, SignalError};
 use crate::wire::{Code, Framing, MessageType, Packet, RawOption, Signal, TcpPacket, TcpRepr};
+use bert::Served;
 
 /// Room left in a response frame for its header and options when the
 /// payload limit is worked out from the peer's Max-Message-Size.
@@ -51,6 +52,9 @@ pub struct ConnectionConfig {
     /// A frame begun but not finished within this long aborts the
     /// connection.
     pub frame_timeout: Duration,
+    /// Offer BERT (RFC 8323 section 6) in our CSM; used when the peer's
+    /// CSM offers it too ([`bert`]).
+    pub bert: bool,
 }
 
 impl Default for ConnectionConfig {
@@ -59,6 +63,7 @@ impl Default for ConnectionConfig {
             max_message_size: 8192,
             max_payload: super::DEFAULT_MAX_PAYLOAD,
             frame_timeout: Duration::from_secs(5),
+            bert: true,
         }
     }
 }
@@ -135,6 +140,8 @@ pub struct Connection {
     scratch: Vec<u8>,
     peer_max: u32,
     peer_csm: bool,
+    /// The peer's CSM offered Block-wise transfer (BERT).
+    peer_bert: bool,
     partial_since: Option<Instant>,
     closed: Option<Closed>,
     stats: ConnectionStats,
@@ -146,7 +153,7 @@ impl Connection {
         let mut out = Outbox::new();
         Signal::Csm {
             max_message_size: Some(cfg.max_message_size),
-            block_wise: false,
+            block_wise: cfg.bert,
         }
         .emit_vec(framing, &[], out.buf());
         out.end_message();
@@ -159,6 +166,7 @@ impl Connection {
             scratch: Vec::new(),
             peer_max: DEFAULT_MAX_MESSAGE_SIZE,
             peer_csm: false,
+            peer_bert: false,
             partial_since: None,
             closed: None,
             stats: ConnectionStats::default(),
@@ -383,11 +391,23 @@ impl Connection {
         let limit = (self.peer_max as usize)
             .saturating_sub(RESPONSE_OVERHEAD)
             .clamp(16, self.cfg.max_payload.max(16));
-        let answer = serve(&req, limit);
+        let bert = bert::bert_option(&udp).filter(|_| self.cfg.bert && self.peer_bert);
+        let answer = match bert {
+            Some((which, value)) => {
+                // as many 1024-byte blocks as both sides take in a frame
+                let cap = (self.peer_max.min(self.cfg.max_message_size) as usize)
+                    .saturating_sub(RESPONSE_OVERHEAD);
+                bert::serve_bert(&req, which, value, cap / bert::UNIT, limit, serve)
+            }
+            None => match serve(&req, limit) {
+                Answer::Send(o) => Served::Send(o.to_vec()),
+                Answer::Silent => Served::Silent,
+                Answer::Exhausted => Served::Exhausted,
+            },
+        };
         let token = p.token();
         match answer {
-            Answer::Send(o) => {
-                let bytes = o.to_vec();
+            Served::Send(bytes) => {
                 let at = self.out.len();
                 match Packet::new_checked(&bytes[..]) {
                     Ok(r) => frame_from_udp(self.framing, &r, self.out.buf()),
@@ -400,8 +420,8 @@ impl Connection {
                 }
                 self.out.end_message();
             }
-            Answer::Exhausted => self.simple(Code::SERVICE_UNAVAILABLE, token),
-            Answer::Silent => return,
+            Served::Exhausted => self.simple(Code::SERVICE_UNAVAILABLE, token),
+            Served::Silent => return,
         }
         self.stats.responses += 1;
     }
@@ -425,9 +445,11 @@ impl Connection {
         };
         match s {
             Signal::Csm {
-                max_message_size, ..
+                max_message_size,
+                block_wise,
             } => {
                 self.peer_csm = true;
+                self.peer_bert = block_wise;
                 if let Some(m) = max_message_size {
                     // a peer that says it takes less than a bare response
                     // is held to a floor that still lets 5.00 through
@@ -447,6 +469,8 @@ impl Connection {
         }
     }
 }
+
+pub mod bert;
 
 #[cfg(test)]
 mod tests;

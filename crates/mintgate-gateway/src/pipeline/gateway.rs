@@ -214,6 +214,7 @@ impl Gateway {
                     max_message_size: c.tcp_max_message_size,
                     max_payload: c.max_payload,
                     frame_timeout: Duration::from_millis(c.tcp_frame_timeout_ms),
+                    bert: true,
                 },
                 idle_timeout: Duration::from_secs(c.tcp_idle_timeout_s),
             };

@@ -129,7 +129,7 @@ fn csm_first_then_requests_answered_in_any_split() {
             Signal::parse(&p),
             Ok(Signal::Csm {
                 max_message_size: Some(8192),
-                block_wise: false
+                block_wise: true
             })
         );
         h.conn.consume_output(first[0].len());
@@ -458,4 +458,160 @@ fn notifications_are_framed_without_type_and_held_to_the_peer_max() {
         c.release();
         assert!(!c.notify(&udp_notification(b"ob", 6, 4)), "closing");
     }
+}
+
+/// The body of `bert_router`'s `big`: 20,000 bytes that tell their offsets
+/// apart.
+fn big_body() -> Vec<u8> {
+    (0..20_000u32).map(|i| (i % 251) as u8).collect()
+}
+
+/// What `up` saw: each block's (NUM, M, SZX, length), and the bytes.
+type Seen = std::sync::Arc<std::sync::Mutex<(Vec<(u32, bool, u8, usize)>, Vec<u8>)>>;
+
+/// `big` (GET, block-wise in 1024-byte blocks, RFC 7959 only) and `up`
+/// (PUT with Block1: records each block's (NUM, M, SZX, length) and the
+/// bytes, 2.31 while more follow).
+fn bert_router(seen: Seen) -> Router {
+    let mut r = Router::new();
+    r.add(Resource::new("big").get(|req, rb| {
+        crate::server::block::respond_block2(req, rb, &big_body(), 1024);
+    }))
+    .unwrap();
+    r.add(Resource::new("up").put(move |req, rb| {
+        let v = req
+            .packet
+            .option(OptionNumber::BLOCK1)
+            .and_then(|o| o.uint())
+            .unwrap_or(0);
+        let (num, more, szx) = (v >> 4, v & 8 != 0, (v & 7) as u8);
+        let mut s = seen.lock().unwrap();
+        s.0.push((num, more, szx, req.payload().len()));
+        s.1.extend_from_slice(req.payload());
+        rb.set_code(if more { Code::CONTINUE } else { Code::CHANGED });
+        rb.option_uint(OptionNumber::BLOCK1, v);
+    }))
+    .unwrap();
+    r
+}
+
+fn bert_csm(max: u32, block_wise: bool) -> Vec<u8> {
+    let mut v = Vec::new();
+    Signal::Csm {
+        max_message_size: Some(max),
+        block_wise,
+    }
+    .emit_vec(Framing::Stream, &[], &mut v);
+    v
+}
+
+fn block_value(p: &TcpPacket<&[u8]>, n: OptionNumber) -> Option<u32> {
+    p.options().find(|o| o.number == n).and_then(|o| o.uint())
+}
+
+#[test]
+fn bert_block2_carries_several_kilobytes_a_message() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
+    let mut h = Harness::new(ConnectionConfig::default());
+    h.router = bert_router(seen);
+    let mut out = h.feed(&bert_csm(8192, true), 1000);
+    out.clear();
+    // 8192 - 128 bytes of room: 7 units of 1024 a message
+    let mut body = Vec::new();
+    let mut num = 0u32;
+    let mut etag = None;
+    for round in 0..5 {
+        let v = (num << 4) | 7;
+        let mut b = [0u8; 4];
+        let opt = crate::wire::encode_uint(v, &mut b).to_vec();
+        let f = h.feed(
+            &frame(Code::GET, b"b", &[(11, b"big"), (23, &opt)], &[]),
+            1000,
+        );
+        assert_eq!(f.len(), 1, "round {round}");
+        let p = TcpPacket::new_checked(&f[0][..], Framing::Stream).unwrap();
+        assert_eq!(p.code(), Code::CONTENT);
+        let b2 = block_value(&p, OptionNumber::BLOCK2).expect("Block2");
+        assert_eq!((b2 >> 4, b2 & 7), (num, 7), "NUM in 1024-byte units, SZX 7");
+        let tag = p
+            .options()
+            .find(|o| o.number == OptionNumber::ETAG)
+            .map(|o| o.value.to_vec());
+        assert!(tag.is_some());
+        assert!(etag.is_none() || etag == tag, "one representation");
+        etag = tag;
+        let more = b2 & 8 != 0;
+        if more {
+            assert_eq!(p.payload().len(), 7 * 1024, "whole units but the last");
+        }
+        body.extend_from_slice(p.payload());
+        num += (p.payload().len() / 1024) as u32;
+        if !more {
+            break;
+        }
+    }
+    assert_eq!(body, big_body(), "three messages instead of twenty");
+    assert_eq!(num, 19);
+}
+
+#[test]
+fn bert_block1_hands_over_1024_byte_blocks_and_answers_as_bert() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
+    let mut h = Harness::new(ConnectionConfig::default());
+    h.router = bert_router(seen.clone());
+    h.feed(&bert_csm(8192, true), 1000);
+    let data: Vec<u8> = (0..2148u32).map(|i| i as u8).collect();
+    let put = |num: u32, more: bool, payload: &[u8]| {
+        let v = (num << 4) | (u32::from(more) << 3) | 7;
+        let mut b = [0u8; 4];
+        let opt = crate::wire::encode_uint(v, &mut b).to_vec();
+        frame(Code::PUT, b"u", &[(11, b"up"), (27, &opt)], payload)
+    };
+    let f = h.feed(&put(0, true, &data[..2048]), 1000);
+    let p = TcpPacket::new_checked(&f[0][..], Framing::Stream).unwrap();
+    assert_eq!(p.code(), Code::CONTINUE);
+    assert_eq!(
+        block_value(&p, OptionNumber::BLOCK1),
+        Some(8 | 7),
+        "NUM 0, M, SZX 7"
+    );
+    let f = h.feed(&put(2, false, &data[2048..]), 1000);
+    let p = TcpPacket::new_checked(&f[0][..], Framing::Stream).unwrap();
+    assert_eq!(p.code(), Code::CHANGED);
+    assert_eq!(block_value(&p, OptionNumber::BLOCK1), Some((2 << 4) | 7));
+    let s = seen.lock().unwrap();
+    assert_eq!(
+        s.0,
+        vec![(0, true, 6, 1024), (1, true, 6, 1024), (2, false, 6, 100)],
+        "the handler saw RFC 7959 blocks"
+    );
+    assert_eq!(s.1, data);
+    drop(s);
+    // more to come but not whole units: 4.00
+    let f = h.feed(&put(3, true, &[1u8; 1000]), 1000);
+    let p = TcpPacket::new_checked(&f[0][..], Framing::Stream).unwrap();
+    assert_eq!(p.code(), Code::BAD_REQUEST);
+}
+
+#[test]
+fn without_the_peers_offer_szx_7_is_refused() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
+    let mut h = Harness::new(ConnectionConfig::default());
+    h.router = bert_router(seen);
+    h.feed(&bert_csm(8192, false), 1000);
+    let f = h.feed(
+        &frame(Code::GET, b"b", &[(11, b"big"), (23, &[7])], &[]),
+        1000,
+    );
+    let p = TcpPacket::new_checked(&f[0][..], Framing::Stream).unwrap();
+    assert_eq!(
+        p.code(),
+        Code::BAD_REQUEST,
+        "RFC 7959 2.2: SZX 7 is reserved"
+    );
+    // and a plain request is still served block-wise in 1024-byte blocks
+    let f = h.feed(&frame(Code::GET, b"c", &[(11, b"big")], &[]), 1000);
+    let p = TcpPacket::new_checked(&f[0][..], Framing::Stream).unwrap();
+    assert_eq!(block_value(&p, OptionNumber::BLOCK2), Some(8 | 6));
+    assert_eq!(p.payload().len(), 1024);
 }
