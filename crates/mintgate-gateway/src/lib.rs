@@ -21,6 +21,7 @@ pub mod observe_client;
 pub mod oscore;
 pub mod outbound;
 pub mod pipeline;
+pub mod process_metrics;
 pub mod queue;
 pub mod resources;
 pub mod state;

@@ -530,6 +530,7 @@ pub fn render_prometheus(gw: &GatewayHandle) -> String {
     }
     // Observe, devices and the direct path (pipeline::Gateway::add_metrics_source)
     gw.extra_metrics(&mut out);
+    crate::process_metrics::render(&mut out);
     out
 }
 
