@@ -408,12 +408,7 @@ impl Context {
             ),
             None => (req.nonce, None),
         };
-        let m = open_inner(
-            &self.recipient_key,
-            &nonce,
-            &aad(&req.kid, &req.piv),
-            &p,
-        )?;
+        let m = open_inner(&self.recipient_key, &nonce, &aad(&req.kid, &req.piv), &p)?;
         Ok((m, piv))
     }
 
