@@ -2,11 +2,14 @@
 //! hostile datagrams. Nothing may panic; the option codec must give back
 //! the value it read; a request that verifies must be one the fuzzer could
 //! only have made with the keys, so any success is a genuine protected
-//! request and must not verify twice (the replay window).
+//! request and must not verify twice (the replay window); the same holds
+//! for a notification (its Notification Number).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mintgate_coap::oscore::{option_of, Context, Error, OscoreOption, Params, RequestId};
+use mintgate_coap::oscore::{
+    option_of, Context, Error, Notifications, OscoreOption, Params, RequestId,
+};
 use mintgate_coap::wire::Packet;
 
 fn params(sender: &[u8], recipient: &[u8]) -> Params {
@@ -48,5 +51,14 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(m) = client.unprotect_response(data, &req) {
         assert!(Packet::new_checked(&m[..]).is_ok());
+    }
+    // a notification that verifies is delivered once (RFC 8613 7.4.1)
+    let mut seen = Notifications::default();
+    if let Ok(m) = client.unprotect_notification(data, &req, &mut seen) {
+        assert!(Packet::new_checked(&m[..]).is_ok());
+        assert_eq!(
+            client.unprotect_notification(data, &req, &mut seen),
+            Err(Error::Replay)
+        );
     }
 });

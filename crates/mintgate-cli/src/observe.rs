@@ -9,6 +9,12 @@
 //! acknowledged but not printed; a notification for a token we do not hold
 //! is answered with a Reset, which ends that stale observation on the
 //! server.
+//!
+//! With `--oscore FILE` (RFC 8613 4.1.3.5) the registration and the
+//! deregistration are protected and only notifications that verify, in
+//! the order of their Partial IVs, are printed (their inner payloads);
+//! unprotected, unverifiable, replayed and older ones are dropped (counted
+//! with --verbose).
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -55,6 +61,11 @@ pub struct ObserveArgs {
     /// One JSON object per notification.
     #[arg(long)]
     json: bool,
+    /// Protect the observation with OSCORE (RFC 8613): a context file as
+    /// `get --oscore` takes it; only notifications that verify, in order,
+    /// are printed.
+    #[arg(long, value_name = "CONTEXT-FILE")]
+    oscore: Option<std::path::PathBuf>,
 }
 
 fn parse_positive(s: &str) -> Result<Duration, String> {
@@ -88,8 +99,16 @@ pub fn run(a: ObserveArgs) -> anyhow::Result<ExitCode> {
     // Ctrl-C (SIGINT) and SIGTERM end the observation like --count does,
     // deregistering first; they are taken between events.
     let signals = crate::common::block_signals();
-    let mut obs = Observation::register(dest, uri.options.clone(), a.accept)
-        .with_context(|| format!("sending the registration to {dest}"))?;
+    let mut obs = match &a.oscore {
+        Some(f) => Observation::register_oscore(
+            dest,
+            uri.options.clone(),
+            a.accept,
+            crate::client::oscore_context(f, mintgate_gateway::oscore::DEFAULT_SEQ_STEP)?,
+        ),
+        None => Observation::register(dest, uri.options.clone(), a.accept),
+    }
+    .with_context(|| format!("sending the registration to {dest}"))?;
     let mut count = 0u64;
     let mut out = io::stdout().lock();
     let status: u8 = loop {
@@ -191,6 +210,12 @@ pub fn run(a: ObserveArgs) -> anyhow::Result<ExitCode> {
         }
     };
     drop(out);
+    if a.verbose && obs.dropped() > 0 {
+        eprintln!(
+            "mintgate: {} message(s) with our token dropped (unprotected, not verified, replayed or older)",
+            obs.dropped()
+        );
+    }
     if obs.answered() && status == 0 {
         obs.deregister(Duration::from_secs(1));
     }

@@ -1,36 +1,20 @@
 //! OSCORE (RFC 8613) between mintgate and a stack no one here wrote:
 //! aiocoap (PyPI, with its `oscore` extra, in target/py-venv; scripts/test.sh
-//! installs it). aiocoap-client GETs and PUTs through `mintgate serve` with
-//! `access.write = "oscore"`; `mintgate get/put --oscore` talks to
-//! aiocoap-fileserver. Without aiocoap the tests are skipped, unless
-//! MINTGATE_REQUIRE_PEERS is set: then they fail.
+//! installs it). aiocoap-client GETs, PUTs and observes (RFC 8613 4.1.3.5)
+//! through `mintgate serve` with `access.write = "oscore"`; `mintgate
+//! get/put --oscore` talks to aiocoap-fileserver. Without aiocoap those
+//! tests are skipped, unless MINTGATE_REQUIRE_PEERS is set: then they fail.
+//! `mintgate observe --oscore` against the same server needs no peer.
 
 mod common;
 
 use common::{output_text, Kill};
 
+use std::io::BufRead;
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn venv_bin(name: &str) -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/py-venv/bin");
-    let ok = venv.join(name).exists()
-        && Command::new(venv.join("python"))
-            .args(["-c", "import aiocoap.oscore, cbor2, filelock"])
-            .status()
-            .is_ok_and(|s| s.success());
-    if ok {
-        return Some(venv.join(name));
-    }
-    assert!(
-        std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
-        "aiocoap[oscore] ({name}) is required (MINTGATE_REQUIRE_PEERS is set) but not in target/py-venv"
-    );
-    eprintln!("skipping: aiocoap[oscore] is not in target/py-venv");
-    None
-}
 
 fn free_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0")
@@ -88,20 +72,25 @@ fn wait_for(uri: &str, child: &mut Child, log: &Path, d: &Path) {
 
 const SECRET: &str = "1112131415161718191a1b1c1d1e1f20";
 
-#[test]
-fn aiocoap_client_gets_and_puts_through_mintgate_serve() {
-    let Some(client) = venv_bin("aiocoap-client") else {
-        return;
-    };
-    let d = dir("client");
+/// `mintgate serve` in `d` with `access.write = "oscore"`, the OSCORE
+/// context `aio` (Sender ID 01, Recipient ID 0a) and a simulated sensor
+/// `temp0` rising about 1.3 a sample, a sample every 200 ms (a sine of
+/// period 10,000 s, rising for its first 2,500 s); aiocoap's credentials
+/// for the context are in `d/creds.json`, mintgate's (`observe/get
+/// --oscore`) in `d/mg.toml`. Returns the server, its CoAP port, the
+/// credentials file and its metrics port.
+fn serve_oscore(d: &Path) -> (Kill, u16, PathBuf, u16) {
     let port = free_port();
+    let metrics = common::free_tcp();
     std::fs::write(
         d.join("gw.toml"),
         format!(
             "[coap]\nbind = [\"127.0.0.1:{port}\"]\n[access]\nwrite = \"oscore\"\n\
              [oscore]\nstate = \"state\"\n\
              [[oscore.contexts]]\nname = \"aio\"\nmaster_secret_env = \"MG_TEST_OSCORE_SECRET\"\n\
-             master_salt = \"9e7ca92223786340\"\nsender_id = \"01\"\nrecipient_id = \"0a\"\n"
+             master_salt = \"9e7ca92223786340\"\nsender_id = \"01\"\nrecipient_id = \"0a\"\n\
+             [[devices.list]]\nname = \"temp0\"\nkind = \"sim-sensor\"\n\
+             signal = \"sine(0, 2000, 10000s)\"\nperiod = \"200ms\"\n"
         ),
     )
     .unwrap();
@@ -123,18 +112,59 @@ fn aiocoap_client_gets_and_puts_through_mintgate_serve() {
         ),
     )
     .unwrap();
+    std::fs::write(d.join("mg.hex"), format!("{SECRET}\n")).unwrap();
+    std::fs::write(
+        d.join("mg.toml"),
+        "name = \"mg\"\nmaster_secret_file = \"mg.hex\"\nmaster_salt = \"9e7ca92223786340\"\n\
+         sender_id = \"0a\"\nrecipient_id = \"01\"\n",
+    )
+    .unwrap();
     let log = d.join("serve.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_mintgate"))
-        .args(["serve", "-c", "gw.toml", "--threads", "2"])
+        .args(["serve", "-c", "gw.toml", "--threads", "2", "--metrics"])
+        .arg(format!("127.0.0.1:{metrics}"))
         .env("MG_TEST_OSCORE_SECRET", SECRET)
-        .current_dir(&d)
+        .current_dir(d)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("start mintgate serve");
+    wait_for(
+        &format!("coap://127.0.0.1:{port}/request"),
+        &mut child,
+        &log,
+        d,
+    );
+    (Kill(child), port, creds, metrics)
+}
+
+/// The numbers among `lines`, checked to rise strictly.
+fn rising(lines: &[String]) -> Vec<f64> {
+    let v: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| l.trim().parse::<f64>().ok())
+        .collect();
+    assert!(
+        v.windows(2).all(|w| w[1] > w[0]),
+        "values do not rise: {lines:?}"
+    );
+    v
+}
+
+/// A metric of the server's `/metrics`.
+fn server_metric(port: u16, name: &str) -> f64 {
+    let (_, _, text) = common::http(port, "GET", "/metrics", &[], b"");
+    common::metric(&text, name).unwrap_or(-1.0)
+}
+
+#[test]
+fn aiocoap_client_gets_and_puts_through_mintgate_serve() {
+    let Some(client) = common::aiocoap_bin("aiocoap-client") else {
+        return;
+    };
+    let d = dir("client");
+    let (_server, port, creds, _) = serve_oscore(&d);
     let uri = |p: &str| format!("coap://127.0.0.1:{port}/{p}");
-    wait_for(&uri("request"), &mut child, &log, &d);
-    let _server = Kill(child);
     let c = creds.to_str().unwrap();
 
     let o = run(&client, &["--credentials", c, &uri("request")]);
@@ -174,13 +204,13 @@ fn aiocoap_client_gets_and_puts_through_mintgate_serve() {
 
     let m = mintgate(&["get", &uri("request")], &d);
     assert!(m.status.success());
-    let metrics = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(!metrics.contains("panicked"), "{metrics}");
+    let log = std::fs::read_to_string(d.join("serve.log")).unwrap_or_default();
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 #[test]
 fn mintgate_client_gets_and_puts_to_aiocoap_fileserver() {
-    let Some(server) = venv_bin("aiocoap-fileserver") else {
+    let Some(server) = common::aiocoap_bin("aiocoap-fileserver") else {
         return;
     };
     let d = dir("server");
@@ -272,5 +302,144 @@ fn mintgate_client_gets_and_puts_to_aiocoap_fileserver() {
         String::from_utf8_lossy(&o.stderr).contains("refused the OSCORE request"),
         "{}",
         output_text(&o)
+    );
+}
+
+/// RFC 8613 4.1.3.5 end to end with mintgate's own client:
+/// `mintgate observe --oscore` registers with a protected GET and prints
+/// only notifications it verified, in order; the server protected each.
+#[test]
+fn mintgate_observe_oscore_gets_verified_rising_notifications_from_serve() {
+    let d = dir("observe-mg");
+    let (_server, port, _, metrics) = serve_oscore(&d);
+    let uri = format!("coap://127.0.0.1:{port}/sensors/temp0");
+    let o = Command::new("timeout")
+        .arg("30")
+        .arg(env!("CARGO_BIN_EXE_mintgate"))
+        .args(["observe", &uri, "--oscore", "mg.toml", "--count", "5"])
+        .args(["--timeout", "10s", "--duration", "20s", "--json"])
+        .current_dir(&d)
+        .output()
+        .expect("run mintgate observe");
+    assert!(o.status.success(), "{}", output_text(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5, "{}", output_text(&o));
+    let payloads: Vec<String> = lines
+        .iter()
+        .map(|l| l["payload"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(rising(&payloads).len(), 5, "{payloads:?}");
+    assert!(lines.iter().all(|l| l["observe"].is_u64()), "{lines:?}");
+    assert!(
+        server_metric(
+            metrics,
+            "mintgate_oscore_notifications_total{result=\"protected\"}"
+        ) >= 4.0
+    );
+    // the deregistration was protected and ended the relation
+    assert!(
+        common::wait_until(Duration::from_secs(5), || {
+            (server_metric(metrics, "mintgate_observe_observers") == 0.0).then_some(())
+        })
+        .is_some(),
+        "the relation outlived the client's Observe: 1"
+    );
+
+    // the wrong key: the server cannot verify the registration
+    std::fs::write(d.join("bad.hex"), "00112233445566778899aabbccddeeff\n").unwrap();
+    std::fs::write(
+        d.join("bad.toml"),
+        "master_secret_file = \"bad.hex\"\nmaster_salt = \"9e7ca92223786340\"\n\
+         sender_id = \"0a\"\nrecipient_id = \"01\"\n",
+    )
+    .unwrap();
+    let o = mintgate(
+        &["observe", &uri, "--oscore", "bad.toml", "--timeout", "10s"],
+        &d,
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", output_text(&o));
+    assert!(
+        o.stdout.iter().all(|b| !b.is_ascii_digit()),
+        "{}",
+        output_text(&o)
+    );
+}
+
+/// aiocoap observes through OSCORE (tests/observe_aiocoap.py with the
+/// credentials; aiocoap-client --observe of aiocoap 0.4.17 stops after the
+/// first answer): its notifications verify in aiocoap, which passes on
+/// only what it verified, their Partial IVs and values rise.
+#[test]
+fn aiocoap_observes_through_mintgate_serve() {
+    let Some(py) = common::aiocoap_bin("python") else {
+        return;
+    };
+    let d = dir("observe-aio");
+    let (_server, port, creds, metrics) = serve_oscore(&d);
+    // killed once it printed enough or 20 s passed
+    let mut child = Command::new(&py)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/observe_aiocoap.py"))
+        .arg(format!("coap://127.0.0.1:{port}/sensors/temp0"))
+        .arg(&creds)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start observe_aiocoap.py");
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let mut child = Kill(child);
+    let mut lines: Vec<String> = Vec::new();
+    let end = Instant::now() + Duration::from_secs(20);
+    while lines.iter().filter(|l| l.starts_with("note ")).count() < 4 {
+        let Some(left) = end.checked_duration_since(Instant::now()) else {
+            break;
+        };
+        match rx.recv_timeout(left) {
+            Ok(l) => lines.push(l),
+            Err(_) => break,
+        }
+    }
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+    let mut err = String::new();
+    if let Some(mut e) = child.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(
+        lines.first().is_some_and(|l| l.starts_with("first 2.05")),
+        "{lines:?} {err}"
+    );
+    // `note PARTIAL-IV VALUE`
+    let notes: Vec<(String, String)> = lines[1..]
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!((f.len(), f[0]), (3, "note"), "{l}");
+            (f[1].to_owned(), f[2].to_owned())
+        })
+        .collect();
+    assert_eq!(notes.len(), 4, "{lines:?} {err}");
+    let pivs: Vec<String> = notes.iter().map(|n| n.0.clone()).collect();
+    assert_eq!(rising(&pivs).len(), 4, "Partial IVs {pivs:?}");
+    let first = lines[0].rsplit(' ').next().unwrap().to_owned();
+    let values: Vec<String> = std::iter::once(first)
+        .chain(notes.iter().map(|n| n.1.clone()))
+        .collect();
+    assert_eq!(rising(&values).len(), 5, "{values:?}");
+    assert!(
+        server_metric(
+            metrics,
+            "mintgate_oscore_notifications_total{result=\"protected\"}"
+        ) >= 4.0
     );
 }

@@ -112,8 +112,10 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
         ),
         (
             "mintgate_observe_refused_total",
-            "Observe registrations refused (registry full, or the source at observe_max_per_source).",
-            c.observe_refused_total.load(Relaxed) + c.observe_refused_source.load(Relaxed),
+            "Observe registrations refused (registry full, the source at observe_max_per_source, or the token held by a relation of another owner).",
+            c.observe_refused_total.load(Relaxed)
+                + c.observe_refused_source.load(Relaxed)
+                + c.observe_refused_taken.load(Relaxed),
         ),
         (
             "mintgate_observe_refused_source_total",
@@ -121,8 +123,13 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
             c.observe_refused_source.load(Relaxed),
         ),
         (
+            "mintgate_observe_refused_taken_total",
+            "Observe registrations refused because the peer and token named a relation of another owner (plain against OSCORE, or another OSCORE context).",
+            c.observe_refused_taken.load(Relaxed),
+        ),
+        (
             "mintgate_observe_removed_total",
-            "Observers removed (Observe: 1, Reset, unacknowledged CON, error, its TCP or WebSocket connection closed); by reason in mintgate_observe_ended_total.",
+            "Observers removed (Observe: 1, Reset, unacknowledged CON, error, its TCP or WebSocket connection closed, a notification that could not be protected); by reason in mintgate_observe_ended_total.",
             ended,
         ),
         (

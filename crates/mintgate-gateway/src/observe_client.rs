@@ -10,6 +10,16 @@
 //! with a Reset, which ends that stale observation on the server.
 //! [`Observation::deregister`] sends a GET with `Observe: 1`.
 //!
+//! With OSCORE ([`Observation::register_oscore`], RFC 8613 4.1.3.5) the
+//! registration and the deregistration are protected, and a notification
+//! is returned only when it verifies against the registration and its
+//! Partial IV is above every one returned before (7.4.1; the first answer
+//! may reuse the request's nonce): unprotected, unverifiable, replayed and
+//! older ones are dropped and counted ([`Observation::dropped`]). A
+//! protected 4.01 with Echo to the registration (a server that lost its
+//! replay window, Appendix B.1.2) is answered once by registering again
+//! with the Echo.
+//!
 //! Blocking and single-threaded: the caller owns the loop and decides what
 //! a representation without Observe (not observable, or the end of the
 //! observation) and an error answer mean for it.
@@ -18,6 +28,7 @@ use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
+use mintgate_coap::oscore::{self, Context, Notifications, RequestId};
 use mintgate_coap::server::observe::fresher;
 use mintgate_coap::uri::{CoapUri, Host};
 use mintgate_coap::wire::{
@@ -81,6 +92,16 @@ pub enum ObserveEvent {
 /// Most retransmissions of the registration (RFC 7252 MAX_RETRANSMIT).
 const MAX_RETRANSMIT: u32 = 4;
 
+/// An observation's OSCORE state: the context, what its notifications are
+/// bound to (the registration request) and its Notification Number.
+struct Secured {
+    ctx: Context,
+    id: RequestId,
+    seen: Notifications,
+    /// The registration was repeated with an Echo already.
+    echoed: bool,
+}
+
 /// One observation; see the module docs.
 pub struct Observation {
     sock: UdpSocket,
@@ -100,6 +121,27 @@ pub struct Observation {
     refused: bool,
     last: Option<(u32, Instant)>,
     buf: Vec<u8>,
+    oscore: Option<Secured>,
+    dropped: u64,
+}
+
+fn oscore_error(e: oscore::Error) -> io::Error {
+    io::Error::other(format!("OSCORE: {e}"))
+}
+
+/// A notification of `p`'s code, Content-Format, Max-Age and payload with
+/// the Observe value `observe` (the outer one under OSCORE).
+fn note_of(p: &Packet<&[u8]>, observe: Option<u32>, at: Instant) -> Notification {
+    let uint = |o| p.option(o).and_then(|o| o.uint());
+    Notification {
+        observe,
+        msg_type: p.msg_type(),
+        code: p.code(),
+        content_format: uint(OptionNumber::CONTENT_FORMAT).map(|v| v as u16),
+        max_age: uint(OptionNumber::MAX_AGE),
+        payload: p.payload().to_vec(),
+        at,
+    }
 }
 
 /// Builds a CON GET with `Observe: obs`.
@@ -155,6 +197,27 @@ impl Observation {
         options: Vec<(OptionNumber, Vec<u8>)>,
         accept: Option<ContentFormat>,
     ) -> io::Result<Observation> {
+        Observation::start(dest, options, accept, None)
+    }
+
+    /// [`Observation::register`] protected with OSCORE (see the module
+    /// docs); `ctx`'s sender sequence number is reserved in its store
+    /// before each protected request.
+    pub fn register_oscore(
+        dest: SocketAddr,
+        options: Vec<(OptionNumber, Vec<u8>)>,
+        accept: Option<ContentFormat>,
+        ctx: Context,
+    ) -> io::Result<Observation> {
+        Observation::start(dest, options, accept, Some(ctx))
+    }
+
+    fn start(
+        dest: SocketAddr,
+        options: Vec<(OptionNumber, Vec<u8>)>,
+        accept: Option<ContentFormat>,
+        ctx: Option<Context>,
+    ) -> io::Result<Observation> {
         let bind: SocketAddr = if dest.is_ipv4() {
             (IpAddr::from([0u8; 4]), 0).into()
         } else {
@@ -164,7 +227,20 @@ impl Observation {
         sock.connect(dest)?;
         let token: [u8; 4] = rand::random();
         let mid: u16 = rand::random();
-        let reg = get(mid, &token, 0, &options, accept)?;
+        let mut reg = get(mid, &token, 0, &options, accept)?;
+        let oscore = match ctx {
+            Some(mut ctx) => {
+                let (outer, id) = ctx.protect_request(&reg).map_err(oscore_error)?;
+                reg = outer;
+                Some(Secured {
+                    ctx,
+                    id,
+                    seen: Notifications::default(),
+                    echoed: false,
+                })
+            }
+            None => None,
+        };
         let mut o = Observation {
             sock,
             dest,
@@ -182,9 +258,17 @@ impl Observation {
             refused: false,
             last: None,
             buf: vec![0u8; 65536],
+            oscore,
+            dropped: 0,
         };
         o.transmit()?;
         Ok(o)
+    }
+
+    /// Messages with our token not returned: with OSCORE, unprotected
+    /// ones, ones that did not verify, replayed and older ones.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// Where the resource is.
@@ -282,21 +366,47 @@ impl Observation {
                 .send(&empty_message(MessageType::Ack, p.message_id()));
         }
         let at = Instant::now();
-        let uint = |o| p.option(o).and_then(|o| o.uint());
-        let note = Notification {
-            observe: uint(OptionNumber::OBSERVE),
-            msg_type: ty,
-            code: p.code(),
-            content_format: uint(OptionNumber::CONTENT_FORMAT).map(|v| v as u16),
-            max_age: uint(OptionNumber::MAX_AGE),
-            payload: p.payload().to_vec(),
-            at,
+        let observe = p.option(OptionNumber::OBSERVE).and_then(|o| o.uint());
+        let note = match self.oscore.as_mut() {
+            None => note_of(&p, observe, at),
+            Some(sec) => {
+                if p.option(oscore::OSCORE).is_none() {
+                    // an unprotected refusal of the registration ends it;
+                    // nothing else unprotected is taken
+                    if !self.answered && p.code().class() != 2 {
+                        self.answered = true;
+                        return Some(ObserveEvent::Failed(note_of(&p, observe, at)));
+                    }
+                    self.dropped += 1;
+                    return None;
+                }
+                let Ok(inner) =
+                    sec.ctx
+                        .unprotect_notification(p.as_bytes(), &sec.id, &mut sec.seen)
+                else {
+                    self.dropped += 1;
+                    return None;
+                };
+                let Ok(ip) = Packet::new_checked(&inner[..]) else {
+                    self.dropped += 1;
+                    return None;
+                };
+                let echo = ip.option(OptionNumber::ECHO).map(|e| e.value.to_vec());
+                if let (Some(e), false, true) =
+                    (echo, self.answered, ip.code() == Code::UNAUTHORIZED)
+                {
+                    if !sec.echoed {
+                        return self.register_again(e).err().map(|_| ObserveEvent::NoAnswer);
+                    }
+                }
+                note_of(&ip, observe, at)
+            }
         };
         self.answered = true;
         if note.code.class() != 2 {
             return Some(ObserveEvent::Failed(note));
         }
-        if let (Some(v), Some((lv, lt))) = (note.observe, self.last) {
+        if let (Some(v), Some((lv, lt)), None) = (note.observe, self.last, &self.oscore) {
             if !fresher(lv, lt, v, at) {
                 return None; // reordered: older than what was returned
             }
@@ -307,14 +417,45 @@ impl Observation {
         Some(ObserveEvent::Notification(note))
     }
 
+    /// The server lost its OSCORE replay window and challenged the
+    /// registration with `echo` (RFC 8613 B.1.2): registers again, once,
+    /// with the Echo option, under a new message ID and request.
+    fn register_again(&mut self, echo: Vec<u8>) -> io::Result<()> {
+        let Some(sec) = self.oscore.as_mut() else {
+            return Ok(());
+        };
+        let mut opts = self.options.clone();
+        opts.push((OptionNumber::ECHO, echo));
+        self.mid = self.mid.wrapping_add(1);
+        let plain = get(self.mid, &self.token, 0, &opts, self.accept)?;
+        let (outer, id) = sec.ctx.protect_request(&plain).map_err(oscore_error)?;
+        sec.id = id;
+        sec.seen = Notifications::default();
+        sec.echoed = true;
+        self.reg = outer;
+        self.reg_mid = self.mid;
+        self.acked = false;
+        self.tries = 0;
+        self.timeout = Duration::from_secs(2);
+        self.transmit()
+    }
+
     /// Ends the observation with a GET carrying `Observe: 1`, waiting at
     /// most `wait` for its answer (a lost one does no harm: the next
     /// notification would get a Reset).
     pub fn deregister(mut self, wait: Duration) {
         self.mid = self.mid.wrapping_add(1);
-        let Ok(dereg) = get(self.mid, &self.token, 1, &self.options, self.accept) else {
+        let Ok(mut dereg) = get(self.mid, &self.token, 1, &self.options, self.accept) else {
             return;
         };
+        if let Some(sec) = self.oscore.as_mut() {
+            match sec.ctx.protect_request(&dereg) {
+                Ok((outer, _)) => dereg = outer,
+                // nothing unprotected for a protected relation: the next
+                // notification gets a Reset instead
+                Err(_) => return,
+            }
+        }
         let _ = self.sock.send(&dereg);
         let until = Instant::now() + wait;
         while let Some(left) = until.checked_duration_since(Instant::now()) {

@@ -10,6 +10,14 @@
 //! 4.02 for a malformed option, 4.01 for an unknown context or a replay,
 //! 4.00 for a ciphertext that does not verify.
 //!
+//! A protected GET with (inner) `Observe: 0` registers a relation bound to
+//! the context and the request ([`OscoreServer::relation`], RFC 8613
+//! 4.1.3.5): its first answer reuses the request's nonce like any answer,
+//! each later notification is protected with a Partial IV of the server's
+//! own sender sequence number (8.3), and one that cannot be (the numbers
+//! used up, or reserving them in the file failed) ends the relation
+//! instead of going out unprotected.
+//!
 //! After a restart a context whose sequence file existed has lost its
 //! replay window: its first verified request is answered with a protected
 //! 4.01 carrying an Echo option, and the window starts again from the
@@ -19,9 +27,11 @@ use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use mintgate_buf::Pool;
 use mintgate_coap::oscore::{self, option_of, Context, Error, Params, RequestId, SeqStore};
+use mintgate_coap::server::observe::{Seal, SealFailed};
 use mintgate_coap::server::ResponseBuilder;
 use mintgate_coap::wire::{Code, ContentFormat, MessageType, OptionNumber, Packet};
 use parking_lot::Mutex;
@@ -318,6 +328,10 @@ pub struct OscoreStats {
     pub malformed: AtomicU64,
     /// Echo challenges sent (B.1.2).
     pub echo_challenges: AtomicU64,
+    /// Notifications protected with a Partial IV of their own.
+    pub notifications: AtomicU64,
+    /// Notifications that could not be protected (their relation ended).
+    pub notifications_failed: AtomicU64,
 }
 
 /// The gateway's contexts.
@@ -426,7 +440,9 @@ impl OscoreServer {
                     .set_code(Code::UNAUTHORIZED)
                     .option(OptionNumber::ECHO, &echo);
                 drop(ctx);
-                self.protect_into(i, &req, plain, true, rb);
+                if !self.protect_into(i, &req, plain, true, rb) {
+                    rb.set_code(Code::INTERNAL_SERVER_ERROR);
+                }
                 None
             }
             Err(_) => refuse(
@@ -441,9 +457,26 @@ impl OscoreServer {
     /// Protects the answer `plain` to `v` into `out` (which is answered
     /// 5.00 when that fails: nothing unprotected goes out).
     pub fn protect(&self, v: &Verified, plain: ResponseBuilder, out: &mut ResponseBuilder) {
-        self.protect_into(v.ctx, &v.request, plain, false, out);
+        if !self.protect_into(v.ctx, &v.request, plain, false, out) {
+            tracing::warn!(context = %self.contexts[v.ctx].0, "an OSCORE answer could not be protected: answered 5.00");
+            out.set_code(Code::INTERNAL_SERVER_ERROR);
+        }
     }
 
+    /// What protects the notifications of an Observe relation that `v`
+    /// registers: bound to its context and its request (kid, Partial IV,
+    /// ID Context: the external AAD of every notification, RFC 8613 5.4).
+    pub fn relation(self: &Arc<Self>, v: &Verified) -> Arc<dyn Seal> {
+        Arc::new(Relation {
+            server: self.clone(),
+            ctx: v.ctx,
+            request: v.request.clone(),
+            owner: v.identity.clone(),
+        })
+    }
+
+    /// Protects `plain` for the request `req` of context `i` into `out`;
+    /// false when it could not be (nothing is written to `out` then).
     fn protect_into(
         &self,
         i: usize,
@@ -451,7 +484,7 @@ impl OscoreServer {
         plain: ResponseBuilder,
         fresh: bool,
         out: &mut ResponseBuilder,
-    ) {
+    ) -> bool {
         let protected = plain
             .finish(MessageType::Ack, 0, &[])
             .map_err(|_| Error::TooLarge)
@@ -468,10 +501,12 @@ impl OscoreServer {
                     out.option(o.number, o.value);
                 }
                 out.write(pp.payload());
+                true
             }
-            Ok(Err(_)) | Err(_) => {
-                tracing::warn!(context = %self.contexts[i].0, "an OSCORE answer could not be protected: answered 5.00");
-                out.set_code(Code::INTERNAL_SERVER_ERROR);
+            Ok(Err(_)) => false,
+            Err(e) => {
+                tracing::debug!(context = %self.contexts[i].0, error = %e, "OSCORE protection failed");
+                false
             }
         }
     }
@@ -485,30 +520,81 @@ impl OscoreServer {
     }
 }
 
+/// An Observe relation registered with OSCORE: its notifications are
+/// protected with the context's own sender sequence numbers as Partial IVs
+/// (RFC 8613 8.3), bound to the registration request.
+struct Relation {
+    server: Arc<OscoreServer>,
+    ctx: usize,
+    request: RequestId,
+    owner: String,
+}
+
+impl std::fmt::Debug for Relation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relation")
+            .field("owner", &self.owner)
+            .field("request", &self.request)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Seal for Relation {
+    fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    fn seal(&self, plain: ResponseBuilder, out: &mut ResponseBuilder) -> Result<(), SealFailed> {
+        let s = &self.server.stats;
+        if self
+            .server
+            .protect_into(self.ctx, &self.request, plain, true, out)
+        {
+            s.notifications.fetch_add(1, Relaxed);
+            Ok(())
+        } else {
+            s.notifications_failed.fetch_add(1, Relaxed);
+            tracing::warn!(context = %self.owner, "an OSCORE notification could not be protected: the relation ends");
+            Err(SealFailed)
+        }
+    }
+}
+
 /// The OSCORE option number, for callers that test for it.
 pub const OPTION: OptionNumber = oscore::OSCORE;
 
 /// Writes the OSCORE counters in the Prometheus text format.
 pub fn render_metrics(s: &OscoreStats, out: &mut String) {
-    use std::fmt::Write as _;
-    let _ = writeln!(
+    labelled(
         out,
-        "# HELP mintgate_oscore_requests_total OSCORE requests, by result.\n\
-         # TYPE mintgate_oscore_requests_total counter"
+        "mintgate_oscore_requests_total",
+        "OSCORE requests, by result.",
+        &[
+            ("verified", &s.verified),
+            ("replay", &s.replays),
+            ("decrypt_failed", &s.decrypt_failed),
+            ("unknown_context", &s.unknown_context),
+            ("malformed", &s.malformed),
+            ("echo_challenge", &s.echo_challenges),
+        ],
     );
-    for (label, n) in [
-        ("verified", &s.verified),
-        ("replay", &s.replays),
-        ("decrypt_failed", &s.decrypt_failed),
-        ("unknown_context", &s.unknown_context),
-        ("malformed", &s.malformed),
-        ("echo_challenge", &s.echo_challenges),
-    ] {
-        let _ = writeln!(
-            out,
-            "mintgate_oscore_requests_total{{result=\"{label}\"}} {}",
-            n.load(Relaxed)
-        );
+    labelled(
+        out,
+        "mintgate_oscore_notifications_total",
+        "Observe notifications of OSCORE relations, by result (failed: not protectable, the relation ended).",
+        &[
+            ("protected", &s.notifications),
+            ("failed", &s.notifications_failed),
+        ],
+    );
+}
+
+/// One counter family with a `result` label.
+fn labelled(out: &mut String, name: &str, help: &str, values: &[(&str, &AtomicU64)]) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (label, n) in values {
+        let _ = writeln!(out, "{name}{{result=\"{label}\"}} {}", n.load(Relaxed));
     }
 }
 
@@ -546,6 +632,88 @@ mod tests {
             used = ctx.sender_seq();
         }
         let _ = fs::remove_dir_all(&d);
+    }
+
+    struct Failing;
+    impl SeqStore for Failing {
+        fn persist(&mut self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::other("disk full"))
+        }
+    }
+
+    /// The notifications of a relation are protected with the context's
+    /// own numbers and verify at the client; when no number can be
+    /// reserved, sealing fails (counted) and nothing is written.
+    #[test]
+    fn a_relation_protects_notifications_or_fails_without_output() {
+        use mintgate_buf::PartitionConfig;
+        use mintgate_coap::oscore::Notifications;
+        use mintgate_coap::wire::MessageWriter;
+        let pool = Pool::new(&[PartitionConfig {
+            block_size: 2048,
+            blocks: 16,
+        }]);
+        let p = |s: &[u8], r: &[u8]| Params {
+            master_secret: (1..=16).collect(),
+            sender_id: s.to_vec(),
+            recipient_id: r.to_vec(),
+            ..Params::default()
+        };
+        let mut client = Context::new(&p(b"c", b"s")).unwrap();
+        let ok = Context::new(&p(b"s", b"c")).unwrap();
+        let failing = Context::new(&p(b"s", b"d"))
+            .unwrap()
+            .with_store(Box::new(Failing), 0, 1);
+        let server = Arc::new(OscoreServer {
+            contexts: vec![
+                ("ok".into(), Mutex::new(ok)),
+                ("bad".into(), Mutex::new(failing)),
+            ],
+            stats: OscoreStats::default(),
+        });
+        let mut buf = [0u8; 64];
+        let mut w = MessageWriter::new(&mut buf, MessageType::Con, Code::GET, 1, b"t").unwrap();
+        w.option_uint(OptionNumber::OBSERVE, 0).unwrap();
+        w.option(OptionNumber::URI_PATH, b"x").unwrap();
+        let n = w.finish();
+        let (reg, id) = client.protect_request(&buf[..n]).unwrap();
+        let mut rb = ResponseBuilder::in_pool(&pool, 16);
+        let v = server
+            .unprotect(&pool, &Packet::new_checked(&reg[..]).unwrap(), &mut rb)
+            .expect("verifies");
+        assert_eq!(v.identity, "oscore:ok");
+        let rel = server.relation(&v);
+        assert_eq!(rel.owner(), "oscore:ok");
+        let mut seen = Notifications::default();
+        for value in [b"1", b"2"] {
+            let mut plain = ResponseBuilder::in_pool(&pool, 16);
+            plain
+                .set_code(Code::CONTENT)
+                .option_uint(OptionNumber::OBSERVE, 5)
+                .write(value);
+            let mut out = ResponseBuilder::in_pool(&pool, 64);
+            rel.seal(plain, &mut out).unwrap();
+            let sent = out.finish(MessageType::Non, 7, b"t").unwrap().to_vec();
+            let inner = client
+                .unprotect_notification(&sent, &id, &mut seen)
+                .unwrap();
+            assert_eq!(Packet::new_checked(&inner[..]).unwrap().payload(), value);
+        }
+        assert_eq!(seen.number(), Some(1), "numbers 0 and 1 of the server");
+        assert_eq!(server.stats().notifications.load(Relaxed), 2);
+        // the same relation on the context whose store fails
+        let bad = Arc::new(Relation {
+            server: server.clone(),
+            ctx: 1,
+            request: v.request.clone(),
+            owner: "oscore:bad".into(),
+        });
+        let mut plain = ResponseBuilder::in_pool(&pool, 16);
+        plain.set_code(Code::CONTENT).write(b"3");
+        let mut out = ResponseBuilder::in_pool(&pool, 64);
+        assert_eq!(bad.seal(plain, &mut out), Err(SealFailed));
+        assert!(out.payload().is_empty(), "nothing written");
+        assert_eq!(server.stats().notifications_failed.load(Relaxed), 1);
     }
 
     #[test]

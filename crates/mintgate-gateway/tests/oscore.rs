@@ -2,13 +2,15 @@
 //! router, answers protected back, the identity handlers see, the
 //! `access.write = "oscore"` policy, replays and tampering refused, and the
 //! Echo round trip that rebuilds the replay window after a restart
-//! (Appendix B.1.2) with the sender sequence number never reused.
+//! (Appendix B.1.2) with the sender sequence number never reused; Observe
+//! inside OSCORE (4.1.3.5).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::time::{Duration, Instant};
 
-use mintgate_coap::oscore::{Context, Params, RequestId};
+use mintgate_coap::oscore::{Context, Error, Notifications, OscoreOption, Params, RequestId};
 use mintgate_coap::server::Resource;
 use mintgate_coap::wire::{Code, MessageType, MessageWriter, OptionNumber, Packet};
 use mintgate_gateway::access::WriteMode;
@@ -44,8 +46,16 @@ fn config(d: &Path) -> Config {
     c
 }
 
+/// The value of the observable test resource `temp`.
+static TEMP: AtomicU32 = AtomicU32::new(0);
+
 fn start(c: Config) -> (Gateway, SocketAddr) {
     let mut router = resources::router_for(&c);
+    router
+        .add(Resource::new("temp").flag("obs").get(|_, rb| {
+            rb.write(TEMP.load(SeqCst).to_string().as_bytes());
+        }))
+        .unwrap();
     router
         .add(
             Resource::new("whoami")
@@ -309,4 +319,119 @@ fn bad_contexts_are_refused_with_the_key_named() {
         .unwrap_err()
         .to_string()
         .contains("oscore.contexts"));
+}
+
+/// A GET of `temp` with `Observe: obs` and the token `tk`.
+fn observe_get(mid: u16, tk: &[u8], obs: u32) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    let mut w = MessageWriter::new(&mut b, MessageType::Con, Code::GET, mid, tk).unwrap();
+    w.option_uint(OptionNumber::OBSERVE, obs).unwrap();
+    w.option(OptionNumber::URI_PATH, b"temp").unwrap();
+    let n = w.finish();
+    b.truncate(n);
+    b
+}
+
+/// The next message on `s` within `wait` (a CON acknowledged), if any.
+fn next_message(s: &UdpSocket, wait: Duration) -> Option<Vec<u8>> {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut out = [0u8; 1500];
+    let r = s.recv_from(&mut out);
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let (n, _) = r.ok()?;
+    let p = Packet::new_checked(&out[..n]).unwrap();
+    if p.msg_type() == MessageType::Con {
+        let ack = mintgate_coap::wire::empty_message(MessageType::Ack, p.message_id());
+        s.send(&ack).ok();
+    }
+    Some(out[..n].to_vec())
+}
+
+/// RFC 8613 4.1.3.5: a protected GET with Observe registers a relation
+/// whose every notification is protected with a Partial IV of the
+/// gateway's own and verifies in order at the client; plain requests with
+/// the same token neither take it over nor end it; a protected `Observe: 1`
+/// ends it.
+#[test]
+fn a_protected_observation_gets_protected_notifications_in_order() {
+    let d = dir("observe");
+    let (gw, to) = start(config(&d));
+    let s = socket();
+    s.connect(to).unwrap();
+    let mut c = client();
+    TEMP.store(20, SeqCst);
+    let (reg, id) = c.protect_request(&observe_get(1, b"ob", 0)).unwrap();
+    s.send(&reg).unwrap();
+    let first = next_message(&s, Duration::from_secs(3)).expect("an answer");
+    let p = Packet::new_checked(&first[..]).unwrap();
+    assert_eq!(p.code(), Code::CONTENT, "outer 2.05 for a notification");
+    assert!(p.option(OptionNumber::OBSERVE).is_some(), "outer Observe");
+    let mut seen = Notifications::default();
+    let inner = c.unprotect_notification(&first, &id, &mut seen).unwrap();
+    assert_eq!(Packet::new_checked(&inner[..]).unwrap().payload(), b"20");
+    assert_eq!(gw.notifier().observers(), 1);
+
+    let mut last_piv = None;
+    for v in 21..=23u32 {
+        TEMP.store(v, SeqCst);
+        gw.notifier().notify("temp");
+        let n = next_message(&s, Duration::from_secs(3)).expect("a notification");
+        let p = Packet::new_checked(&n[..]).unwrap();
+        assert_eq!(p.token(), b"ob");
+        let piv = OscoreOption::decode(p.option(OptionNumber(9)).unwrap().value)
+            .unwrap()
+            .partial_iv
+            .expect("a Partial IV of its own")
+            .to_vec();
+        assert!(last_piv.as_ref().is_none_or(|l: &Vec<u8>| piv > *l));
+        last_piv = Some(piv);
+        let inner = c.unprotect_notification(&n, &id, &mut seen).unwrap();
+        assert_eq!(
+            Packet::new_checked(&inner[..]).unwrap().payload(),
+            v.to_string().as_bytes()
+        );
+        // a copy of it is refused
+        assert_eq!(
+            c.unprotect_notification(&n, &id, &mut seen),
+            Err(Error::Replay)
+        );
+    }
+
+    // plain requests with the same token from the same address
+    s.send(&observe_get(10, b"ob", 0)).unwrap();
+    let a = next_message(&s, Duration::from_secs(3)).expect("an answer");
+    let p = Packet::new_checked(&a[..]).unwrap();
+    assert!(p.option(OptionNumber(9)).is_none() && p.option(OptionNumber::OBSERVE).is_none());
+    s.send(&observe_get(11, b"ob", 1)).unwrap();
+    next_message(&s, Duration::from_secs(3)).expect("an answer");
+    assert_eq!(gw.notifier().observers(), 1, "the relation is still there");
+    TEMP.store(24, SeqCst);
+    gw.notifier().notify("temp");
+    let n = next_message(&s, Duration::from_secs(3)).expect("a notification");
+    let inner = c
+        .unprotect_notification(&n, &id, &mut seen)
+        .expect("still protected");
+    assert_eq!(Packet::new_checked(&inner[..]).unwrap().payload(), b"24");
+
+    // a protected Observe: 1 ends it
+    let (dereg, did) = c.protect_request(&observe_get(12, b"ob", 1)).unwrap();
+    s.send(&dereg).unwrap();
+    let a = next_message(&s, Duration::from_secs(3)).expect("an answer");
+    assert!(c.unprotect_response(&a, &did).is_ok());
+    assert_eq!(gw.notifier().observers(), 0);
+    gw.notifier().notify("temp");
+    let end = Instant::now() + Duration::from_millis(400);
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        assert!(
+            next_message(&s, left.max(Duration::from_millis(1))).is_none(),
+            "a notification after the deregistration"
+        );
+    }
+    let mut metrics = String::new();
+    gw.handle().extra_metrics(&mut metrics);
+    assert!(
+        metrics.contains("mintgate_oscore_notifications_total{result=\"protected\"} 4"),
+        "{metrics}"
+    );
+    gw.shutdown();
 }

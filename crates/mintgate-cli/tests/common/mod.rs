@@ -257,6 +257,22 @@ pub fn venv_python(module: &str) -> Option<PathBuf> {
     Some(p)
 }
 
+/// target/py-venv/bin/NAME, an aiocoap command, when aiocoap has its
+/// OSCORE extra there; else as [`venv_python`] says.
+pub fn aiocoap_bin(name: &str) -> Option<PathBuf> {
+    let py = venv_python("aiocoap.oscore, cbor2, filelock")?;
+    let bin = py.with_file_name(name);
+    if bin.exists() {
+        return Some(bin);
+    }
+    assert!(
+        std::env::var_os("MINTGATE_REQUIRE_PEERS").is_none(),
+        "{name} is required (MINTGATE_REQUIRE_PEERS is set) but not in target/py-venv"
+    );
+    eprintln!("skipping: {name} is not in target/py-venv (scripts/test.sh installs it)");
+    None
+}
+
 /// A peer server written in Python (tests/SCRIPT with the port and
 /// `args`), killed on drop. It prints `ready` once it serves, then answers
 /// each command line with one line.

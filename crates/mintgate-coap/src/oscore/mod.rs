@@ -11,9 +11,14 @@
 //!   (Appendix B.1.1) and, when the replay window was lost, the Echo round
 //!   trip of Appendix B.1.2.
 //!
-//! Not here: Observe inside OSCORE (a protected request with Observe is
-//! served once, without a registration) and outer block-wise transfers
-//! (outer Block options are dropped; inner ones pass as any inner option).
+//! Observe (4.1.3.5): a request's Observe is inner and outer; a response's
+//! inner Observe is empty and its outer one carries the number; a server
+//! protects each notification after the first with a Partial IV of its own
+//! ([`Context::protect_response`] with `fresh`), and a client verifies them
+//! in order with [`Context::unprotect_notification`] (7.4.1).
+//!
+//! Not here: outer block-wise transfers (outer Block options are dropped;
+//! inner ones pass as any inner option).
 
 pub mod client;
 pub mod context;
@@ -30,7 +35,7 @@ use std::fmt;
 
 pub use context::{derive, nonce, partial_iv, Derived, Params};
 pub use option::OscoreOption;
-pub use protect::{aad, option_of, Context, RequestId, SeqStore, Unprotected};
+pub use protect::{aad, option_of, Context, Notifications, RequestId, SeqStore, Unprotected};
 pub use replay::ReplayWindow;
 
 use crate::wire::OptionNumber;

@@ -30,6 +30,23 @@ pub struct RequestId {
     pub nonce: [u8; NONCE_LEN],
 }
 
+/// What a client keeps of one observation to verify its notifications
+/// (RFC 8613 4.1.3.5.2, 7.4.1): the Notification Number, the largest
+/// Partial IV of the notifications verified so far, and whether any answer
+/// came.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Notifications {
+    number: Option<u64>,
+    answered: bool,
+}
+
+impl Notifications {
+    /// The Notification Number: the largest Partial IV verified, if any.
+    pub fn number(&self) -> Option<u64> {
+        self.number
+    }
+}
+
 /// A verified request.
 #[derive(Clone, Debug)]
 pub struct Unprotected {
@@ -88,11 +105,16 @@ fn plaintext(
 }
 
 /// The plaintext of a whole message: its code, class E options, payload.
-fn plaintext_of(p: &Packet<&[u8]>) -> Result<Vec<u8>, Error> {
+/// A response's inner Observe is empty (RFC 8613 4.1.3.5.2): its number
+/// travels outside, and the notification's order is its Partial IV.
+fn plaintext_of(p: &Packet<&[u8]>, response: bool) -> Result<Vec<u8>, Error> {
     let inner: Vec<(OptionNumber, &[u8])> = p
         .options()
         .filter(|o| !outer_only(o.number))
-        .map(|o| (o.number, o.value))
+        .map(|o| match o.number {
+            OptionNumber::OBSERVE if response => (o.number, &[][..]),
+            _ => (o.number, o.value),
+        })
         .collect();
     plaintext(p.code(), &inner, p.payload())
 }
@@ -153,7 +175,6 @@ fn open_inner(
     nonce: &[u8; NONCE_LEN],
     aad: &[u8],
     p: &Packet<&[u8]>,
-    keep_observe: bool,
 ) -> Result<Vec<u8>, Error> {
     let mut pt = p.payload().to_vec();
     key.open(nonce, aad, &mut pt)?;
@@ -172,9 +193,6 @@ fn open_inner(
     for o in ip.options() {
         if o.number == OSCORE {
             return Err(Error::Malformed);
-        }
-        if o.number == OptionNumber::OBSERVE && !keep_observe {
-            continue;
         }
         opts.push((o.number, o.value));
     }
@@ -316,7 +334,7 @@ impl Context {
             // Proxy-Uri would have to be split into outer and inner parts
             return Err(Error::Malformed);
         }
-        let mut pt = plaintext_of(&p)?;
+        let mut pt = plaintext_of(&p, false)?;
         let seq = self.next_seq()?;
         let (piv_buf, n) = context::partial_iv(seq);
         let piv = &piv_buf[..n];
@@ -352,20 +370,46 @@ impl Context {
     /// Verifies a response to the request `req` (RFC 8613 8.4) and returns
     /// the inner response as a whole message.
     pub fn unprotect_response(&self, msg: &[u8], req: &RequestId) -> Result<Vec<u8>, Error> {
+        self.open_response(msg, req).map(|(m, _)| m)
+    }
+
+    /// Verifies a notification of the observation registered by the
+    /// request `req` (RFC 8613 8.4 with 7.4.1): after it verified, its
+    /// Partial IV must be above the observation's Notification Number in
+    /// `seen`, which it then becomes; one without a Partial IV (it reuses
+    /// the request's nonce) is accepted only as the first answer. Anything
+    /// else is [`Error::Replay`] and is not to be delivered.
+    pub fn unprotect_notification(
+        &self,
+        msg: &[u8],
+        req: &RequestId,
+        seen: &mut Notifications,
+    ) -> Result<Vec<u8>, Error> {
+        let (m, piv) = self.open_response(msg, req)?;
+        match piv {
+            Some(n) if seen.number.is_some_and(|last| n <= last) => return Err(Error::Replay),
+            Some(n) => seen.number = Some(n),
+            None if seen.answered => return Err(Error::Replay),
+            None => {}
+        }
+        seen.answered = true;
+        Ok(m)
+    }
+
+    /// The inner response and the value of its Partial IV, if it had one.
+    fn open_response(&self, msg: &[u8], req: &RequestId) -> Result<(Vec<u8>, Option<u64>), Error> {
         let p = Packet::new_checked(msg).map_err(|_| Error::Malformed)?;
         let v = oscore_value(&p)?;
         let o = OscoreOption::decode(v)?;
-        let nonce = match o.partial_iv {
-            Some(piv) => context::nonce(&self.common_iv, &self.recipient_id, piv),
-            None => req.nonce,
+        let (nonce, piv) = match o.partial_iv {
+            Some(piv) => (
+                context::nonce(&self.common_iv, &self.recipient_id, piv),
+                Some(context::piv_value(piv).ok_or(Error::BadOption)?),
+            ),
+            None => (req.nonce, None),
         };
-        open_inner(
-            &self.recipient_key,
-            &nonce,
-            &aad(&req.kid, &req.piv),
-            &p,
-            true,
-        )
+        let m = open_inner(&self.recipient_key, &nonce, &aad(&req.kid, &req.piv), &p)?;
+        Ok((m, piv))
     }
 
     /// Verifies a request (RFC 8613 8.2) for this context (see
@@ -389,7 +433,6 @@ impl Context {
             &nonce,
             &aad(&self.recipient_id, piv),
             &p,
-            false,
         )?;
         let request = RequestId {
             kid: self.recipient_id.clone(),
@@ -431,7 +474,7 @@ impl Context {
         fresh: bool,
     ) -> Result<Vec<u8>, Error> {
         let p = Packet::new_checked(msg).map_err(|_| Error::Malformed)?;
-        let mut pt = plaintext_of(&p)?;
+        let mut pt = plaintext_of(&p, true)?;
         let mut ov = Vec::with_capacity(8);
         let nonce = if fresh {
             let seq = self.next_seq()?;

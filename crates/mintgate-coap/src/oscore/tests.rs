@@ -355,3 +355,146 @@ proptest! {
         prop_assert!(s.unprotect_request(&b).is_err());
     }
 }
+
+/// A GET with `Observe: 0` and token `t`, or a 2.05 notification with
+/// `Observe: obs` and `payload` when `obs` is given.
+fn observe_msg(t: &[u8], obs: Option<u32>, payload: &[u8]) -> Vec<u8> {
+    use crate::wire::{Code, MessageType, MessageWriter, OptionNumber};
+    let mut buf = vec![0u8; 256];
+    let code = if obs.is_some() {
+        Code::CONTENT
+    } else {
+        Code::GET
+    };
+    let mut w = MessageWriter::new(&mut buf, MessageType::Con, code, 9, t).unwrap();
+    w.option_uint(OptionNumber::OBSERVE, obs.unwrap_or(0))
+        .unwrap();
+    if obs.is_none() {
+        w.option(OptionNumber::URI_PATH, b"temp").unwrap();
+    }
+    if !payload.is_empty() {
+        w.payload(payload).unwrap();
+    }
+    let n = w.finish();
+    buf.truncate(n);
+    buf
+}
+
+/// RFC 8613 4.1.3.5 and 7.4.1: the registration keeps its Observe inside
+/// and out; the first answer reuses the request's nonce, each later
+/// notification has a Partial IV of the server's own; the client takes them
+/// in order only, and neither a replayed nor an older one.
+#[test]
+fn observe_notifications_verify_in_order_and_replays_are_refused() {
+    use crate::wire::{OptionNumber, Packet};
+    let mut c = Context::new(&params(SALT, "0a", "01", None)).unwrap();
+    let mut s = Context::new(&params(SALT, "01", "0a", None)).unwrap();
+    s.set_sender_seq(40);
+    let (reg, id) = c.protect_request(&observe_msg(b"tk", None, b"")).unwrap();
+    let outer = Packet::new_checked(&reg[..]).unwrap();
+    assert_eq!(outer.code(), crate::wire::Code::FETCH);
+    assert_eq!(outer.option(OptionNumber::OBSERVE).unwrap().uint(), Some(0));
+    let u = s.unprotect_request(&reg).unwrap();
+    let inner = Packet::new_checked(&u.message[..]).unwrap();
+    assert_eq!(
+        inner.option(OptionNumber::OBSERVE).and_then(|o| o.uint()),
+        Some(0),
+        "the server sees the registration"
+    );
+    let mut seen = Notifications::default();
+    let first = s
+        .protect_response(&observe_msg(b"tk", Some(1), b"20.5"), &u.request, false)
+        .unwrap();
+    assert_eq!(s.sender_seq(), 40, "the first answer used no number");
+    let mut notes = Vec::new();
+    for (i, v) in ["20.6", "20.7", "20.8"].iter().enumerate() {
+        let n = s
+            .protect_response(
+                &observe_msg(b"tk", Some(2 + i as u32), v.as_bytes()),
+                &u.request,
+                true,
+            )
+            .unwrap();
+        let p = Packet::new_checked(&n[..]).unwrap();
+        assert_eq!(p.code(), crate::wire::Code::CONTENT);
+        assert_eq!(
+            p.option(OptionNumber::OBSERVE).unwrap().uint(),
+            Some(2 + i as u32),
+            "the outer Observe carries the number"
+        );
+        let o = option_of(&p).unwrap().unwrap();
+        assert_eq!(o.partial_iv, Some(&[40 + i as u8][..]));
+        notes.push(n);
+    }
+    let m = c.unprotect_notification(&first, &id, &mut seen).unwrap();
+    let p = Packet::new_checked(&m[..]).unwrap();
+    assert_eq!(p.payload(), b"20.5");
+    assert_eq!(seen.number(), None);
+    // a copy of the first answer later is a replay
+    let m = c.unprotect_notification(&notes[0], &id, &mut seen).unwrap();
+    let p = Packet::new_checked(&m[..]).unwrap();
+    assert_eq!(p.payload(), b"20.6");
+    assert_eq!(
+        p.option(OptionNumber::OBSERVE).map(|o| o.value.len()),
+        Some(0),
+        "the inner Observe is empty"
+    );
+    assert_eq!(
+        c.unprotect_notification(&first, &id, &mut seen),
+        Err(Error::Replay)
+    );
+    assert_eq!(
+        c.unprotect_notification(&notes[2], &id, &mut seen)
+            .map(|m| Packet::new_checked(&m[..]).unwrap().payload().to_vec()),
+        Ok(b"20.8".to_vec())
+    );
+    // older and replayed ones are refused, after they verified
+    assert_eq!(
+        c.unprotect_notification(&notes[1], &id, &mut seen),
+        Err(Error::Replay)
+    );
+    assert_eq!(
+        c.unprotect_notification(&notes[2], &id, &mut seen),
+        Err(Error::Replay)
+    );
+    assert_eq!(seen.number(), Some(42));
+    // a notification bound to another registration does not verify
+    let (_, other) = c.protect_request(&observe_msg(b"tk", None, b"")).unwrap();
+    let n = s
+        .protect_response(&observe_msg(b"tk", Some(9), b"x"), &u.request, true)
+        .unwrap();
+    assert_eq!(
+        c.unprotect_notification(&n, &other, &mut Notifications::default()),
+        Err(Error::Decrypt)
+    );
+}
+
+proptest! {
+    /// Notifications arriving in any order, some twice: the client delivers
+    /// exactly those whose Partial IV is above every one delivered before.
+    #[test]
+    fn notifications_are_delivered_in_increasing_order_only(
+        order in prop::collection::vec(0usize..12, 1..40),
+    ) {
+        let mut c = Context::new(&params(SALT, "0a", "01", None)).unwrap();
+        let mut s = Context::new(&params(SALT, "01", "0a", None)).unwrap();
+        let (reg, id) = c.protect_request(&observe_msg(b"t", None, b"")).unwrap();
+        let u = s.unprotect_request(&reg).unwrap();
+        let notes: Vec<Vec<u8>> = (0..12u32)
+            .map(|i| s.protect_response(&observe_msg(b"t", Some(i + 2), &[i as u8]), &u.request, true).unwrap())
+            .collect();
+        let mut seen = Notifications::default();
+        let mut last: Option<usize> = None;
+        for i in order {
+            let got = c.unprotect_notification(&notes[i], &id, &mut seen);
+            if last.is_none_or(|l| i > l) {
+                let m = got.unwrap();
+                let p = crate::wire::Packet::new_checked(&m[..]).unwrap();
+                prop_assert_eq!(p.payload(), &[i as u8][..]);
+                last = Some(i);
+            } else {
+                prop_assert_eq!(got, Err(Error::Replay));
+            }
+        }
+    }
+}

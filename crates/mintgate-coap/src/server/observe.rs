@@ -32,12 +32,25 @@
 //! these transports have no message types, so none of their notifications
 //! is confirmable (no CON, no ACK awaited), and their relations end when
 //! the connection closes ([`Registry::remove_listener`]).
+//!
+//! A relation registered through a security layer that protects messages
+//! end to end (OSCORE, RFC 8613 4.1.3.5) carries that layer's [`Seal`]:
+//! every notification of it is protected, and one that cannot be is not
+//! sent (the relation ends). A relation belongs to its seal's owner (or to
+//! nobody, when plain): a registration or `Observe: 1` acts only on a
+//! relation of the same owner, and a registration whose peer and token name
+//! a relation of another owner is refused ([`Full::Taken`]), so a protected
+//! relation never gets a plain notification nor a plain one a protected
+//! notification.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::source::Source;
+use super::ResponseBuilder;
 use crate::wire::{OptionNumber, Packet};
 
 /// 2^24: Observe sequence numbers wrap here.
@@ -50,6 +63,28 @@ pub const RELIABLE: usize = usize::MAX / 2 + 1;
 /// Whether `listener` is a reliable connection (see [`RELIABLE`]).
 pub fn is_reliable(listener: usize) -> bool {
     listener >= RELIABLE
+}
+
+/// Protects the notifications of a relation registered through a security
+/// layer (see the module docs).
+pub trait Seal: Send + Sync + fmt::Debug {
+    /// Whom the relation belongs to (for OSCORE `oscore:NAME`): the
+    /// identity its notifications are rendered for.
+    fn owner(&self) -> &str;
+
+    /// Protects `plain`, a whole notification as the resource rendered it
+    /// (with its Observe option), into `out`. An error ends the relation
+    /// and nothing is sent.
+    fn seal(&self, plain: ResponseBuilder, out: &mut ResponseBuilder) -> Result<(), SealFailed>;
+}
+
+/// A notification could not be protected (RFC 8613: the sequence numbers
+/// are used up, or reserving them failed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealFailed;
+
+fn owner(seal: &Option<Arc<dyn Seal>>) -> Option<&str> {
+    seal.as_deref().map(|s| s.owner())
 }
 
 /// A token, inline.
@@ -153,10 +188,13 @@ pub struct Observer {
     /// The Accept option of the registration: notifications use the same
     /// representation (RFC 7641 3.2).
     pub accept: Option<u16>,
+    /// What protects its notifications, when it was registered through a
+    /// security layer.
+    pub seal: Option<Arc<dyn Seal>>,
 }
 
 /// A notification to send.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Notification {
     /// To whom.
     pub peer: SocketAddr,
@@ -175,6 +213,9 @@ pub struct Notification {
     pub replaces: Option<u16>,
     /// Length of the registration request.
     pub request_len: usize,
+    /// The relation's [`Seal`], if any: the notification goes out only
+    /// through it.
+    pub seal: Option<Arc<dyn Seal>>,
 }
 
 /// Message IDs of recent notifications kept per observer.
@@ -193,16 +234,19 @@ pub enum Ended {
     NotContent,
     /// Its reliable connection (TCP, TLS, WebSockets) closed.
     Closed,
+    /// A notification could not be protected ([`Seal`]).
+    Unprotected,
 }
 
 impl Ended {
     /// Every reason, in the order metrics list them.
-    pub const ALL: [Ended; 5] = [
+    pub const ALL: [Ended; 6] = [
         Ended::Deregistered,
         Ended::Reset,
         Ended::Unacknowledged,
         Ended::NotContent,
         Ended::Closed,
+        Ended::Unprotected,
     ];
 
     /// A short name for metric labels.
@@ -213,6 +257,7 @@ impl Ended {
             Ended::Unacknowledged => "unacknowledged",
             Ended::NotContent => "not_content",
             Ended::Closed => "closed",
+            Ended::Unprotected => "unprotected",
         }
     }
 }
@@ -237,6 +282,9 @@ pub enum Full {
     Total,
     /// `max_per_source` for this source.
     Source,
+    /// The peer and token name a relation of another owner (plain against
+    /// protected, or another security context).
+    Taken,
 }
 
 impl Registry {
@@ -273,6 +321,9 @@ impl Registry {
     /// Registers (or re-registers: same peer and token) an observer of
     /// `path` that asked for the Content-Format `accept` in a request of
     /// `request_len` bytes; returns the Observe value for the response.
+    /// `seal` protects its notifications (`None`: a plain relation); refused
+    /// with [`Full::Taken`] when the peer and token name a relation of
+    /// another owner.
     #[allow(clippy::too_many_arguments)]
     pub fn register(
         &mut self,
@@ -283,8 +334,15 @@ impl Registry {
         accept: Option<u16>,
         request_len: usize,
         now: Instant,
+        seal: Option<Arc<dyn Seal>>,
     ) -> Result<u32, Full> {
         let token = Token::new(token);
+        if self
+            .find(peer, token)
+            .is_some_and(|o| owner(&o.seal) != owner(&seal))
+        {
+            return Err(Full::Taken);
+        }
         let existing = self.take(peer, token);
         if existing.is_none() {
             if self.count >= self.cfg.max_observers {
@@ -312,9 +370,17 @@ impl Registry {
                 con_mid: None,
                 request_len,
                 accept,
+                seal,
             });
         self.count += 1;
         Ok(seq)
+    }
+
+    fn find(&self, peer: SocketAddr, token: Token) -> Option<&Observer> {
+        self.by_path
+            .values()
+            .flatten()
+            .find(|o| o.peer == peer && o.token == token)
     }
 
     fn take(&mut self, peer: SocketAddr, token: Token) -> Option<Observer> {
@@ -350,6 +416,20 @@ impl Registry {
     /// Removes the observer (peer, token); returns whether there was one.
     pub fn deregister(&mut self, peer: SocketAddr, token: &[u8]) -> bool {
         self.take(peer, Token::new(token)).is_some()
+    }
+
+    /// Removes the observer (peer, token) if it belongs to `owner` (the
+    /// [`Seal::owner`] of a protected relation, `None` for a plain one):
+    /// an `Observe: 1` acts only on a relation of its own kind.
+    pub fn deregister_as(&mut self, peer: SocketAddr, token: &[u8], who: Option<&str>) -> bool {
+        let token = Token::new(token);
+        if self
+            .find(peer, token)
+            .is_some_and(|o| owner(&o.seal) == who)
+        {
+            return self.take(peer, token).is_some();
+        }
+        false
     }
 
     /// Removes the observer one of whose recent notifications (or the CON
@@ -442,6 +522,7 @@ impl Registry {
                     accept: o.accept,
                     replaces: o.con_mid,
                     request_len: o.request_len,
+                    seal: o.seal.clone(),
                 }
             })
             .collect()
@@ -491,14 +572,23 @@ mod tests {
             max_per_source: 8,
         });
         let t0 = Instant::now();
-        assert_eq!(r.register("s/t", peer(1), b"ab", 0, None, 20, t0), Ok(1));
-        assert_eq!(r.register("s/t", peer(2), b"ab", 0, None, 20, t0), Ok(1));
         assert_eq!(
-            r.register("s/u", peer(3), b"x", 0, None, 20, t0),
+            r.register("s/t", peer(1), b"ab", 0, None, 20, t0, None),
+            Ok(1)
+        );
+        assert_eq!(
+            r.register("s/t", peer(2), b"ab", 0, None, 20, t0, None),
+            Ok(1)
+        );
+        assert_eq!(
+            r.register("s/u", peer(3), b"x", 0, None, 20, t0, None),
             Err(Full::Total)
         );
         // re-registration keeps one entry and moves the sequence on
-        assert_eq!(r.register("s/t", peer(1), b"ab", 0, None, 20, t0), Ok(2));
+        assert_eq!(
+            r.register("s/t", peer(1), b"ab", 0, None, 20, t0, None),
+            Ok(2)
+        );
         assert_eq!(r.len(), 2);
         assert_eq!(r.of_source(&peer(1)), 2, "one host, two ports");
         let cons: Vec<bool> = (0..7)
@@ -545,16 +635,16 @@ mod tests {
         });
         let t = Instant::now();
         for p in 0..3 {
-            assert!(r.register("a", peer(p), b"t", 0, None, 20, t).is_ok());
+            assert!(r.register("a", peer(p), b"t", 0, None, 20, t, None).is_ok());
         }
         assert_eq!(
-            r.register("a", peer(9), b"t", 0, None, 20, t),
+            r.register("a", peer(9), b"t", 0, None, 20, t, None),
             Err(Full::Source)
         );
         let other = SocketAddr::from(([127, 0, 0, 2], 1));
-        assert!(r.register("a", other, b"t", 0, None, 20, t).is_ok());
+        assert!(r.register("a", other, b"t", 0, None, 20, t, None).is_ok());
         r.remove_path("a");
-        assert!(r.register("a", peer(9), b"t", 0, None, 20, t).is_ok());
+        assert!(r.register("a", peer(9), b"t", 0, None, 20, t, None).is_ok());
     }
 
     #[test]
@@ -568,12 +658,21 @@ mod tests {
         let t = Instant::now();
         let (tcp, other) = (RELIABLE + 7, RELIABLE + 8);
         assert!(is_reliable(tcp) && !is_reliable(0));
-        assert_eq!(r.register("a", peer(1), b"x", tcp, None, 20, t), Ok(1));
-        assert_eq!(r.register("b", peer(1), b"y", tcp, None, 20, t), Ok(1));
-        assert_eq!(r.register("a", peer(2), b"x", other, None, 20, t), Ok(1));
+        assert_eq!(
+            r.register("a", peer(1), b"x", tcp, None, 20, t, None),
+            Ok(1)
+        );
+        assert_eq!(
+            r.register("b", peer(1), b"y", tcp, None, 20, t, None),
+            Ok(1)
+        );
+        assert_eq!(
+            r.register("a", peer(2), b"x", other, None, 20, t, None),
+            Ok(1)
+        );
         // the source is full across UDP and TCP alike
         assert_eq!(
-            r.register("a", peer(3), b"x", 0, None, 20, t),
+            r.register("a", peer(3), b"x", 0, None, 20, t, None),
             Err(Full::Source)
         );
         // con_every 1 makes every UDP notification CON; none over TCP
@@ -588,8 +687,48 @@ mod tests {
         assert!(r.observers("b").is_empty());
         assert_eq!(r.of_source(&peer(1)), 1, "peer 2's relation stays");
         assert_eq!(r.remove_listener(tcp), 0);
-        assert_eq!(r.register("a", peer(3), b"x", 0, None, 20, t), Ok(1));
+        assert_eq!(r.register("a", peer(3), b"x", 0, None, 20, t, None), Ok(1));
         assert!(r.plan("a", t).iter().any(|n| n.confirmable), "UDP: CON");
+    }
+
+    #[derive(Debug)]
+    struct Named(&'static str);
+    impl Seal for Named {
+        fn owner(&self) -> &str {
+            self.0
+        }
+        fn seal(&self, _: ResponseBuilder, _: &mut ResponseBuilder) -> Result<(), SealFailed> {
+            Err(SealFailed)
+        }
+    }
+
+    #[test]
+    fn a_relation_is_acted_on_only_by_requests_of_its_owner() {
+        let mut r = Registry::new(ObserveConfig::default());
+        let t = Instant::now();
+        let a: Arc<dyn Seal> = Arc::new(Named("oscore:a"));
+        let b: Arc<dyn Seal> = Arc::new(Named("oscore:b"));
+        let reg = |r: &mut Registry, tok: &[u8], s: &Option<Arc<dyn Seal>>| {
+            r.register("x", peer(1), tok, 0, None, 20, t, s.clone())
+        };
+        assert_eq!(reg(&mut r, b"p", &Some(a.clone())), Ok(1));
+        // plain, or another context, with the same peer and token: refused
+        assert_eq!(reg(&mut r, b"p", &None), Err(Full::Taken));
+        assert_eq!(reg(&mut r, b"p", &Some(b.clone())), Err(Full::Taken));
+        assert!(!r.deregister_as(peer(1), b"p", None));
+        assert!(!r.deregister_as(peer(1), b"p", Some("oscore:b")));
+        // its own owner re-registers (the number goes on) and deregisters
+        assert_eq!(reg(&mut r, b"p", &Some(a.clone())), Ok(2));
+        let n = r.plan("x", t);
+        assert_eq!(n[0].seal.as_ref().map(|s| s.owner()), Some("oscore:a"));
+        assert!(r.deregister_as(peer(1), b"p", Some("oscore:a")));
+        // a plain relation is not ended by a protected Observe: 1
+        assert_eq!(reg(&mut r, b"q", &None), Ok(1));
+        assert_eq!(reg(&mut r, b"q", &Some(a)), Err(Full::Taken));
+        assert!(!r.deregister_as(peer(1), b"q", Some("oscore:a")));
+        assert!(r.plan("x", t).iter().all(|n| n.seal.is_none()));
+        assert!(r.deregister_as(peer(1), b"q", None));
+        assert!(r.is_empty());
     }
 
     #[test]
@@ -616,7 +755,7 @@ mod tests {
                     // odd ports register over a reliable connection each
                     0 | 1 => {
                         let li = if p % 2 == 1 { RELIABLE + p as usize } else { 0 };
-                        let _ = r.register(path, peer(p), &[tok], li, None, 20, t);
+                        let _ = r.register(path, peer(p), &[tok], li, None, 20, t, None);
                     }
                     2 => { r.deregister(peer(p), &[tok]); }
                     3 => { r.remove_path(path); }

@@ -58,7 +58,8 @@ impl Gateway {
             .enabled()
             .then(|| crate::oscore::OscoreServer::open(&cfg.oscore, std::path::Path::new("")))
             .transpose()
-            .map_err(StartError::Oscore)?;
+            .map_err(StartError::Oscore)?
+            .map(Arc::new);
         // plain CoAP listeners first, then the coaps ones
         let coaps = cfg.coaps.settings()?;
         let mut dtls: Vec<Option<Arc<DtlsServer>>> = vec![None; cfg.coap.bind.len()];

@@ -128,7 +128,7 @@ struct Shared {
     /// -WebSocket connections, when those listeners serve.
     outboxes: Option<Arc<crate::coap_tcp::Outboxes>>,
     /// OSCORE contexts (`[oscore]`), when any.
-    oscore: Option<crate::oscore::OscoreServer>,
+    oscore: Option<std::sync::Arc<crate::oscore::OscoreServer>>,
     /// The pipeline threads' last loops and the readiness checks
     /// (`/readyz`): receivers `0..listeners`, then the notifier, then the
     /// timer.

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use mintgate_coap::server::{finish_response, Answer, Handled, Request, Responded, Router};
-use mintgate_coap::wire::{Code, MessageType, Packet};
+use mintgate_coap::wire::{Code, MessageType, OptionNumber, Packet};
 use mintgate_sched::priority::{self, Applied, Priority};
 use mintgate_sched::{BatchSwitch, PipelineCounters, Worker};
 
@@ -233,19 +233,35 @@ pub(super) fn handler_loop(sh: &Shared, w: &Worker) {
                     oscore_id,
                 ),
             };
+            // a protected request's inner Observe registers (or ends) a
+            // relation bound to its context, on the plain answer, which is
+            // then protected (RFC 8613 4.1.3.5)
             let handled = match (&sh.oscore, &verified, handled) {
-                (Some(os), Some(v), Handled::Respond(plain)) => {
+                (Some(os), Some(v), Handled::Respond(mut plain)) => {
+                    if req.option(OptionNumber::OBSERVE).is_some() {
+                        sh.endpoint.observe_sealed(
+                            job.received,
+                            &router,
+                            &req,
+                            &ticket,
+                            &mut plain,
+                            os.relation(v),
+                        );
+                    }
                     let mut rb = sh.endpoint.builder();
                     os.protect(v, plain, &mut rb);
                     Handled::Respond(rb)
                 }
                 (_, _, h) => h,
             };
+            // the message layer answers the outer request (its Observe,
+            // outside OSCORE, is not acted on)
+            let outer = Request { packet: &p, ..req };
             // the time now: a separate response's retransmission timer
             // starts when it is sent, not when the request came
             match sh
                 .endpoint
-                .respond(Instant::now(), ticket, &router, &req, handled)
+                .respond(Instant::now(), ticket, &router, &outer, handled)
             {
                 Responded::Send(t) => sh.transmit(&mut sbs[job.listener], t),
                 Responded::Silent => {}

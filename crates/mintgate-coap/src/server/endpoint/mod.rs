@@ -39,7 +39,7 @@ pub mod validation;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use mintgate_buf::Pool;
@@ -49,7 +49,7 @@ use self::fit::Fitted;
 use self::retransmit::{Carries, Fired, Retransmissions};
 use self::validation::{EchoCheck, Validation};
 use super::block::BlockOpt;
-use super::observe::{observe_request, Ended, Full, ObserveConfig, ObserveRequest, Registry};
+use super::observe::{observe_request, Ended, Full, ObserveConfig, ObserveRequest, Registry, Seal};
 use super::{
     classify, finish_response, process_request, process_request_blockwise, simple_response, Answer,
     Block1Config, Block1Stats, Block1Store, Dedup, DedupSize, DedupStats, DropReason, Handled,
@@ -258,6 +258,9 @@ pub struct EndpointStats {
     pub observe_refused_total: AtomicU64,
     /// Registrations refused: the source had its share.
     pub observe_refused_source: AtomicU64,
+    /// Registrations refused: the peer and token named a relation of
+    /// another owner (plain against OSCORE, or another context).
+    pub observe_refused_taken: AtomicU64,
     /// Relations ended, by [`Ended`] in [`Ended::ALL`] order.
     pub observe_ended: [AtomicU64; Ended::ALL.len()],
     /// Notifications sent (first transmissions).
@@ -617,7 +620,7 @@ impl Endpoint {
             } else {
                 ticket.request_len
             };
-            self.observe_on_request(now, router, req, ticket.listener, request_len, rb);
+            self.observe_on_request(now, router, req, ticket.listener, request_len, rb, None);
         }
         let acked = ticket.con
             && self.slots[ticket.slot]
@@ -728,8 +731,12 @@ impl Endpoint {
     }
 
     /// Observe on a request the handler answered: a GET with `Observe: 0`
-    /// on an observable resource answered 2.05 registers the client and the
-    /// response carries the Observe value; `Observe: 1` deregisters it.
+    /// on an observable resource answered 2.05 registers the client (its
+    /// relation owned by `seal`, `None`: plain) and the response carries
+    /// the Observe value; `Observe: 1` deregisters it. A plain call for a
+    /// request with an OSCORE option does nothing: its Observe is inside,
+    /// and is acted on through [`Endpoint::observe_sealed`].
+    #[allow(clippy::too_many_arguments)]
     fn observe_on_request(
         &self,
         now: Instant,
@@ -738,11 +745,20 @@ impl Endpoint {
         listener: usize,
         request_len: usize,
         rb: &mut ResponseBuilder,
+        seal: Option<Arc<dyn Seal>>,
     ) {
+        if seal.is_none() && req.packet.option(crate::oscore::OSCORE).is_some() {
+            return;
+        }
         match observe_request(req.packet) {
             ObserveRequest::None => {}
             ObserveRequest::Deregister => {
-                if self.observe.lock().deregister(req.peer, req.packet.token()) {
+                let who = seal.as_deref().map(|s| s.owner());
+                if self
+                    .observe
+                    .lock()
+                    .deregister_as(req.peer, req.packet.token(), who)
+                {
                     self.stats.end(Ended::Deregistered);
                 }
             }
@@ -765,6 +781,7 @@ impl Endpoint {
                     accept,
                     request_len,
                     now,
+                    seal,
                 );
                 match got {
                     Ok(seq) => {
@@ -778,9 +795,45 @@ impl Endpoint {
                     Err(Full::Source) => {
                         self.stats.observe_refused_source.fetch_add(1, Relaxed);
                     }
+                    Err(Full::Taken) => {
+                        self.stats.observe_refused_taken.fetch_add(1, Relaxed);
+                    }
                 }
             }
         }
+    }
+
+    /// Observe for a request that a security layer verified end to end
+    /// (OSCORE, RFC 8613 4.1.3.5): `req` is the inner request and `rb` its
+    /// plain answer, before it is protected. A GET with `Observe: 0`
+    /// registers a relation whose notifications go out only through `seal`
+    /// (each protected, [`Seal::seal`]), and `rb` gets the Observe value;
+    /// `Observe: 1` ends the relation if `seal`'s owner holds it. The
+    /// protected answer then goes to [`Endpoint::respond`] with the outer
+    /// request, whose Observe the endpoint does not act on.
+    pub fn observe_sealed(
+        &self,
+        now: Instant,
+        router: &Router,
+        req: &Request<'_>,
+        ticket: &Ticket,
+        rb: &mut ResponseBuilder,
+        seal: Arc<dyn Seal>,
+    ) {
+        let request_len = if ticket.verified {
+            usize::MAX / 4
+        } else {
+            ticket.request_len
+        };
+        self.observe_on_request(
+            now,
+            router,
+            req,
+            ticket.listener,
+            request_len,
+            rb,
+            Some(seal),
+        );
     }
 
     /// Observe for a request that came over a reliable connection (RFC
@@ -803,7 +856,7 @@ impl Endpoint {
         rb: &mut ResponseBuilder,
     ) {
         debug_assert!(super::observe::is_reliable(connection));
-        self.observe_on_request(now, router, req, connection, usize::MAX / 4, rb);
+        self.observe_on_request(now, router, req, connection, usize::MAX / 4, rb, None);
     }
 
     /// The reliable connection `connection` closed: its relations end
@@ -843,10 +896,11 @@ impl Endpoint {
             let Ok(p) = Packet::new_checked(&dg[..len]) else {
                 continue;
             };
+            // a protected relation's resource renders for its owner
             let req = Request {
                 peer: n.peer,
                 packet: &p,
-                identity: None,
+                identity: n.seal.as_deref().map(|s| s.owner()),
             };
             let Handled::Respond(mut rb) =
                 process_request(router, &self.pool, &req, 64, self.cfg.max_payload)
@@ -856,6 +910,18 @@ impl Endpoint {
             let ok = rb.code() == Code::CONTENT;
             if ok {
                 rb.option_uint(OptionNumber::OBSERVE, n.seq);
+            }
+            // a protected relation gets its notification protected, or
+            // none: it ends
+            if let Some(seal) = &n.seal {
+                let mut out = self.builder();
+                if seal.seal(rb, &mut out).is_err() {
+                    if self.observe.lock().deregister(n.peer, n.token.as_slice()) {
+                        self.stats.end(Ended::Unprotected);
+                    }
+                    continue;
+                }
+                rb = out;
             }
             // a reliable connection frames it without a message ID: none
             // is taken from the datagram listeners' space

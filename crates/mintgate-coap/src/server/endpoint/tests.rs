@@ -501,3 +501,122 @@ fn a_reliable_connection_observes_without_con_and_close_or_removal_ends_it() {
     assert_eq!(ep.stats().ended(Ended::NotContent), 2, "both relations");
     assert_eq!(ep.observers(), 0);
 }
+
+/// A stand-in for OSCORE: "protects" a notification by adding an option
+/// 65000 with its number, and fails once `left` is used up.
+#[derive(Debug)]
+struct Toy {
+    left: std::sync::atomic::AtomicU32,
+}
+
+impl crate::server::observe::Seal for Toy {
+    fn owner(&self) -> &str {
+        "oscore:toy"
+    }
+
+    fn seal(
+        &self,
+        plain: ResponseBuilder,
+        out: &mut ResponseBuilder,
+    ) -> Result<(), crate::server::observe::SealFailed> {
+        let n = self.left.load(Relaxed);
+        if n == 0 {
+            return Err(crate::server::observe::SealFailed);
+        }
+        self.left.store(n - 1, Relaxed);
+        let v = plain.finish(MessageType::Ack, 0, &[]).unwrap().to_vec();
+        let p = Packet::new_checked(v.as_slice()).unwrap();
+        out.set_code(p.code());
+        for o in p.options() {
+            out.option(o.number, o.value);
+        }
+        out.option_uint(OptionNumber(65000), n);
+        out.write(p.payload());
+        Ok(())
+    }
+}
+
+/// RFC 8613 4.1.3.5 as the endpoint sees it: a relation registered through
+/// a seal gets each notification through it, ends (counted) when it
+/// fails, and is neither taken over nor ended by plain requests with the
+/// same peer and token; the outer request's Observe is not acted on.
+#[test]
+fn a_sealed_relation_gets_only_sealed_notifications_and_ends_when_sealing_fails() {
+    let ep = Endpoint::new(EndpointConfig::default(), pool(), Instant::now());
+    let r = router();
+    let t0 = Instant::now();
+    let inner = get(MessageType::Con, 5, "obs", &[(OptionNumber::OBSERVE, &[])]);
+    // the outer message: an OSCORE option, and its own (outer) Observe
+    let outer = get(
+        MessageType::Con,
+        5,
+        "obs",
+        &[(OptionNumber::OBSERVE, &[]), (crate::oscore::OSCORE, &[])],
+    );
+    let (ip, op) = (
+        Packet::new_checked(&inner[..]).unwrap(),
+        Packet::new_checked(&outer[..]).unwrap(),
+    );
+    assert!(matches!(
+        ep.handle_datagram(t0, peer(1), 0, &outer),
+        Incoming::Request { .. }
+    ));
+    let t = ep.begin(0, t0, peer(1), 0, &op, true);
+    let ireq = Request {
+        peer: peer(1),
+        packet: &ip,
+        identity: Some("oscore:toy"),
+    };
+    let Handled::Respond(mut rb) = ep.process(t0, &r, &ireq) else {
+        panic!("no answer")
+    };
+    let seal = Arc::new(Toy {
+        left: std::sync::atomic::AtomicU32::new(2),
+    });
+    ep.observe_sealed(t0, &r, &ireq, &t, &mut rb, seal);
+    let oreq = Request {
+        packet: &op,
+        ..ireq
+    };
+    let first = ep
+        .respond(t0, t, &r, &oreq, Handled::Respond(rb))
+        .transmit()
+        .unwrap()
+        .datagram
+        .to_vec();
+    let fp = Packet::new_checked(first.as_slice()).unwrap();
+    assert_eq!(fp.option(OptionNumber::OBSERVE).unwrap().uint(), Some(1));
+    assert_eq!(ep.observers(), 1, "registered once, not again as plain");
+    // plain requests with the same peer and token: no registration, no end
+    let plain = get(MessageType::Con, 6, "obs", &[(OptionNumber::OBSERVE, &[])]);
+    let plain = [&plain[..4], &5u16.to_be_bytes()[..], &plain[6..]].concat();
+    let a = exchange(&ep, &r, t0, peer(1), &plain).unwrap();
+    assert!(Packet::new_checked(a.datagram.to_vec().as_slice())
+        .unwrap()
+        .option(OptionNumber::OBSERVE)
+        .is_none());
+    assert_eq!(ep.stats().observe_refused_taken.load(Relaxed), 1);
+    let dereg = get(MessageType::Con, 7, "obs", &[(OptionNumber::OBSERVE, &[1])]);
+    let dereg = [&dereg[..4], &5u16.to_be_bytes()[..], &dereg[6..]].concat();
+    exchange(&ep, &r, t0, peer(1), &dereg).unwrap();
+    assert_eq!(ep.observers(), 1, "a plain Observe: 1 does not end it");
+    // two notifications go through the seal, the third cannot be sealed
+    for (i, left) in [(1u64, 2u32), (2, 1)] {
+        let mut out = Vec::new();
+        ep.notify(t0 + Duration::from_secs(i), &r, "obs", &mut out);
+        assert_eq!(out.len(), 1);
+        let v = out[0].datagram.to_vec();
+        let p = Packet::new_checked(v.as_slice()).unwrap();
+        assert_eq!(p.option(OptionNumber(65000)).unwrap().uint(), Some(left));
+        assert_eq!(p.token(), &5u16.to_be_bytes());
+        if p.msg_type() == MessageType::Con {
+            let ack = empty_message(MessageType::Ack, p.message_id());
+            ep.handle_datagram(t0, peer(1), 0, &ack);
+        }
+    }
+    let mut out = Vec::new();
+    ep.notify(t0 + Duration::from_secs(3), &r, "obs", &mut out);
+    assert!(out.is_empty(), "nothing unprotected goes out");
+    assert_eq!(ep.observers(), 0);
+    assert_eq!(ep.stats().ended(Ended::Unprotected), 1);
+}
