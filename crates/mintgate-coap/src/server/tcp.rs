@@ -391,7 +391,10 @@ impl Connection {
         let limit = (self.peer_max as usize)
             .saturating_sub(RESPONSE_OVERHEAD)
             .clamp(16, self.cfg.max_payload.max(16));
-        let bert = bert::bert_option(&udp).filter(|_| self.cfg.bert && self.peer_bert);
+        // the options are looked at only where both sides offered BERT
+        let bert = (self.cfg.bert && self.peer_bert)
+            .then(|| bert::bert_option(&udp))
+            .flatten();
         let answer = match bert {
             Some((which, value)) => {
                 // as many 1024-byte blocks as both sides take in a frame
