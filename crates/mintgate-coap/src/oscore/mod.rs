@@ -17,8 +17,11 @@
 //! ([`Context::protect_response`] with `fresh`), and a client verifies them
 //! in order with [`Context::unprotect_notification`] (7.4.1).
 //!
-//! Not here: outer block-wise transfers (outer Block options are dropped;
-//! inner ones pass as any inner option).
+//! Block-wise (4.1.3.4): inner Block options pass as any inner option, so
+//! a client's block-wise layer above [`client::Sealer`] makes inner
+//! blocks; outer Block options are dropped here. Outer blocks are put
+//! together before verification by the server's Block1 store
+//! ([`crate::server::endpoint::Endpoint::outer_block1`]).
 
 pub mod client;
 pub mod context;

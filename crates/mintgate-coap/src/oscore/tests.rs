@@ -498,3 +498,70 @@ proptest! {
         }
     }
 }
+
+/// The client's sealer opens the answer to the request it sealed last,
+/// and nothing else: not an answer bound to an earlier request, not one
+/// before anything was sealed.
+#[test]
+fn a_sealer_opens_only_the_answer_to_its_last_request() {
+    use crate::client::Request;
+    use crate::wire::{Code, MessageType, MessageWriter, OptionNumber};
+    let mut c = Context::new(&params(SALT, "", "01", None)).unwrap();
+    let mut s = Context::new(&params(SALT, "01", "", None)).unwrap();
+    let mut sealer = client::Sealer::new(&mut c);
+    assert_eq!(
+        sealer.open(Code::CHANGED, &[], b"").unwrap_err(),
+        Error::Malformed
+    );
+    let get = |block: u32| Request {
+        confirmable: true,
+        code: Code::GET,
+        options: vec![
+            (OptionNumber::URI_PATH, b"big".to_vec()),
+            (OptionNumber::BLOCK2, vec![(block << 4 | 6) as u8]),
+        ],
+        payload: Vec::new(),
+    };
+    let mut answer_to = |outer: &Request, body: &[u8]| {
+        let mut b = vec![0u8; 256];
+        let mut w = MessageWriter::new(&mut b, MessageType::Con, outer.code, 1, &[]).unwrap();
+        for (n, v) in &outer.options {
+            w.option(*n, v).unwrap();
+        }
+        w.payload(&outer.payload).unwrap();
+        let n = w.finish();
+        let u = s.unprotect_request(&b[..n]).unwrap();
+        let inner = crate::wire::Packet::new_checked(&u.message[..]).unwrap();
+        assert_eq!(inner.code(), Code::GET);
+        assert!(inner.option(OptionNumber::BLOCK2).is_some(), "inner Block2");
+        let mut r = vec![0u8; 256];
+        let mut w = MessageWriter::new(&mut r, MessageType::Ack, Code::CONTENT, 1, &[]).unwrap();
+        w.payload(body).unwrap();
+        let n = w.finish();
+        let p = s.protect_response(&r[..n], &u.request, false).unwrap();
+        let pp = crate::wire::Packet::new_checked(&p[..]).unwrap();
+        let opts: Vec<(OptionNumber, Vec<u8>)> =
+            pp.options().map(|o| (o.number, o.value.to_vec())).collect();
+        (pp.code(), opts, pp.payload().to_vec())
+    };
+    let first = sealer.seal(&get(0)).unwrap();
+    assert!(
+        first
+            .options
+            .iter()
+            .all(|(n, _)| *n != OptionNumber::BLOCK2),
+        "Block2 goes inside"
+    );
+    let (code, opts, payload) = answer_to(&first, b"block 0");
+    let second = sealer.seal(&get(1)).unwrap();
+    let (code2, opts2, payload2) = answer_to(&second, b"block 1");
+    let o1: Vec<(OptionNumber, &[u8])> = opts.iter().map(|(n, v)| (*n, &v[..])).collect();
+    let o2: Vec<(OptionNumber, &[u8])> = opts2.iter().map(|(n, v)| (*n, &v[..])).collect();
+    // the first answer is bound to the first request's nonce: refused now
+    assert_eq!(
+        sealer.open(code, &o1, &payload).unwrap_err(),
+        Error::Decrypt
+    );
+    let (c2, _, p2) = sealer.open(code2, &o2, &payload2).unwrap();
+    assert_eq!((c2, p2.as_slice()), (Code::CONTENT, &b"block 1"[..]));
+}

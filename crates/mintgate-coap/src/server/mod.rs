@@ -324,6 +324,33 @@ fn process_rebuilt(
 /// Answers a block of a request body as the [`Block1Store`] decided:
 /// 2.31 or an error at once, or the handler's response to the whole body
 /// with the final Block1 added.
+/// The answer a block gets at once (2.31 Continue, 4.00, 4.08, 4.13, 5.03,
+/// with its Block1, Size1 and Max-Age), or `None` when the outcome is a
+/// request to handle.
+pub fn reply_to_block(pool: &Pool, outcome: &Block1Outcome) -> Option<ResponseBuilder> {
+    let Block1Outcome::Reply {
+        code,
+        block1,
+        size1,
+        max_age,
+    } = *outcome
+    else {
+        return None;
+    };
+    let mut rb = ResponseBuilder::in_pool(pool, 0);
+    rb.set_code(code);
+    if let Some(b) = block1 {
+        rb.option_uint(OptionNumber::BLOCK1, b.encode());
+    }
+    if let Some(s) = size1 {
+        rb.option_uint(OptionNumber::SIZE1, s);
+    }
+    if let Some(a) = max_age {
+        rb.max_age(a);
+    }
+    Some(rb)
+}
+
 pub fn respond_block1(
     router: &Router,
     pool: &Pool,
@@ -333,24 +360,8 @@ pub fn respond_block1(
     max_payload: usize,
 ) -> Handled {
     let (mut handled, block1) = match outcome {
-        Block1Outcome::Reply {
-            code,
-            block1,
-            size1,
-            max_age,
-        } => {
-            let mut rb = ResponseBuilder::in_pool(pool, 0);
-            rb.set_code(code);
-            if let Some(b) = block1 {
-                rb.option_uint(OptionNumber::BLOCK1, b.encode());
-            }
-            if let Some(s) = size1 {
-                rb.option_uint(OptionNumber::SIZE1, s);
-            }
-            if let Some(a) = max_age {
-                rb.max_age(a);
-            }
-            return Handled::Respond(rb);
+        Block1Outcome::Reply { .. } => {
+            return reply_to_block(pool, &outcome).map_or(Handled::Silent, Handled::Respond)
         }
         Block1Outcome::Whole { block1 } => (
             process_request(router, pool, req, payload_hint, max_payload),

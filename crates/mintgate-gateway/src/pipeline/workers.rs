@@ -5,7 +5,11 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use mintgate_coap::server::{finish_response, Answer, Handled, Request, Responded, Router};
+use mintgate_coap::server::block::BlockOpt;
+use mintgate_coap::server::{
+    finish_response, reply_to_block, Answer, Block1Outcome, Handled, Request, Responded,
+    ResponseBuilder, Router,
+};
 use mintgate_coap::wire::{Code, MessageType, OptionNumber, Packet};
 use mintgate_sched::priority::{self, Applied, Priority};
 use mintgate_sched::{BatchSwitch, PipelineCounters, Worker};
@@ -178,16 +182,23 @@ pub(super) fn handler_loop(sh: &Shared, w: &Worker) {
                 continue;
             };
             // OSCORE: the router sees the inner request, the answer is
-            // protected back; one that does not verify is answered here
+            // protected back; one that does not verify, or an outer block
+            // of one, is answered here
             let mut refusal = None;
+            let mut outer_block1 = None;
             let verified = match &sh.oscore {
                 Some(os) if p.option(crate::oscore::OPTION).is_some() => {
                     let mut rb = sh.endpoint.builder();
-                    let v = os.unprotect(sh.endpoint.pool(), &p, &mut rb);
-                    if v.is_none() {
-                        refusal = Some(rb);
+                    match open_protected(sh, os, job.received, job.peer, &p, &mut rb) {
+                        None => {
+                            refusal = Some(rb);
+                            None
+                        }
+                        Some((v, b)) => {
+                            outer_block1 = b;
+                            Some(v)
+                        }
                     }
-                    v
                 }
                 _ => None,
             };
@@ -248,9 +259,7 @@ pub(super) fn handler_loop(sh: &Shared, w: &Worker) {
                             os.relation(v),
                         );
                     }
-                    let mut rb = sh.endpoint.builder();
-                    os.protect(v, plain, &mut rb);
-                    Handled::Respond(rb)
+                    Handled::Respond(seal(sh, os, v, plain, outer_block1))
                 }
                 (_, _, h) => h,
             };
@@ -314,15 +323,117 @@ pub(super) fn handle_guarded(
 /// UDP, without the message layer's de-duplication, message IDs and
 /// retransmissions. A GET with Observe registers in the endpoint's Observe
 /// registry as over UDP; the notifications go to the connection's outbox.
+///
+/// A request with an OSCORE option is verified first, as over UDP: the
+/// handler sees the inner request with the context's identity (the TLS
+/// identity, if any, stays the `dtls` one the access rules see), its answer
+/// and an Observe relation's notifications go back protected.
 pub(super) fn serve_reliable(sh: &Shared, req: &Request<'_>, connection: usize) -> Answer {
     let router = sh.router.read().clone();
     let now = Instant::now();
-    match handle_guarded(sh, now, &router, req, req.identity, None) {
-        Handled::Respond(mut rb) => {
-            sh.endpoint
-                .observe_reliable(now, &router, req, connection, &mut rb);
-            finish_response(&sh.pool, rb, MessageType::Ack, 0, req.packet.token())
+    let token = req.packet.token();
+    let finish = |rb| finish_response(&sh.pool, rb, MessageType::Ack, 0, token);
+    let p = req.packet;
+    let os = match &sh.oscore {
+        Some(os) if p.option(crate::oscore::OPTION).is_some() => os,
+        _ => {
+            return match handle_guarded(sh, now, &router, req, req.identity, None) {
+                Handled::Respond(mut rb) => {
+                    sh.endpoint
+                        .observe_reliable(now, &router, req, connection, &mut rb, None);
+                    finish(rb)
+                }
+                Handled::Silent => Answer::Silent,
+            }
+        }
+    };
+    let mut rb = sh.endpoint.builder();
+    let Some((v, outer_block1)) = open_protected(sh, os, now, req.peer, p, &mut rb) else {
+        return finish(rb);
+    };
+    let Ok(inner) = Packet::new_checked(&v.message[..]) else {
+        return Answer::Silent;
+    };
+    let ireq = Request {
+        peer: req.peer,
+        packet: &inner,
+        identity: Some(v.identity.as_str()),
+    };
+    match handle_guarded(sh, now, &router, &ireq, req.identity, Some(&v.identity)) {
+        Handled::Respond(mut plain) => {
+            if ireq.option(OptionNumber::OBSERVE).is_some() {
+                sh.endpoint.observe_reliable(
+                    now,
+                    &router,
+                    &ireq,
+                    connection,
+                    &mut plain,
+                    Some(os.relation(&v)),
+                );
+            }
+            finish(seal(sh, os, &v, plain, outer_block1))
         }
         Handled::Silent => Answer::Silent,
     }
+}
+
+/// A request with an OSCORE option from `peer`: its outer blocks put
+/// together first (RFC 8613 4.1.3.4.2: a proxy may cut an OSCORE message
+/// into blocks; the Block1 store bounds them as any upload), then
+/// verified. Inner blocks are inside the protection: the router's Block1
+/// store puts those together after verification, each block a request
+/// verified on its own (4.1.3.4.1).
+///
+/// Verified: the request, and the outer Block1 its answer carries when it
+/// came in outer blocks. `None`: answer `rb`, unprotected: a block of an
+/// outer transfer taken (2.31) or refused, or a request that did not
+/// verify (4.01, 4.00, 4.02, or the Echo challenge of RFC 8613 B.1.2).
+fn open_protected(
+    sh: &Shared,
+    os: &crate::oscore::OscoreServer,
+    now: Instant,
+    peer: std::net::SocketAddr,
+    p: &Packet<&[u8]>,
+    rb: &mut ResponseBuilder,
+) -> Option<(crate::oscore::Verified, Option<BlockOpt>)> {
+    let pool = sh.endpoint.pool();
+    match sh.endpoint.outer_block1(now, peer, p) {
+        None => os.unprotect(pool, p, rb).map(|v| (v, None)),
+        Some(Block1Outcome::Whole { block1 }) => {
+            os.unprotect(pool, p, rb).map(|v| (v, Some(block1)))
+        }
+        Some(Block1Outcome::Complete { datagram, block1 }) => {
+            match Packet::new_checked(&datagram[..]) {
+                Ok(whole) => os.unprotect(pool, &whole, rb).map(|v| (v, Some(block1))),
+                Err(_) => {
+                    rb.set_code(Code::BAD_REQUEST);
+                    None
+                }
+            }
+        }
+        Some(reply) => {
+            if let Some(r) = reply_to_block(pool, &reply) {
+                *rb = r;
+            }
+            None
+        }
+    }
+}
+
+/// The protected form of `plain`, the answer to `v`, in a builder whose
+/// payload may be longer than a plain answer's by the protection's
+/// overhead; with `outer_block1` when the request came in outer blocks.
+fn seal(
+    sh: &Shared,
+    os: &crate::oscore::OscoreServer,
+    v: &crate::oscore::Verified,
+    plain: ResponseBuilder,
+    outer_block1: Option<BlockOpt>,
+) -> ResponseBuilder {
+    let mut rb = sh.endpoint.sealed_builder();
+    os.protect(v, plain, &mut rb);
+    if let Some(b) = outer_block1 {
+        rb.option_uint(OptionNumber::BLOCK1, b.encode());
+    }
+    rb
 }

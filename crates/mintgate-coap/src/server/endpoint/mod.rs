@@ -51,11 +51,13 @@ use self::validation::{EchoCheck, Validation};
 use super::block::BlockOpt;
 use super::observe::{observe_request, Ended, Full, ObserveConfig, ObserveRequest, Registry, Seal};
 use super::{
-    classify, finish_response, process_request, process_request_blockwise, simple_response, Answer,
-    Block1Config, Block1Stats, Block1Store, Dedup, DedupSize, DedupStats, DropReason, Handled,
-    Inbound, Outgoing, Request, ResetReason, ResponseBuilder, Router, Seen,
+    block_request, classify, finish_response, process_request, process_request_blockwise,
+    simple_response, Answer, Block1Config, Block1Outcome, Block1Stats, Block1Store, BlockRequest,
+    Dedup, DedupSize, DedupStats, DropReason, Handled, Inbound, Outgoing, Request, ResetReason,
+    ResponseBuilder, Router, Seen,
 };
 use crate::rto::TransmissionParams;
+use crate::server::response::SEALED_EXTRA;
 use crate::wire::{
     decode_uint, empty_message, Code, MessageType, MessageWriter, OptionNumber, Packet,
 };
@@ -600,6 +602,46 @@ impl Endpoint {
         ResponseBuilder::in_pool(&self.pool, 64).with_limit(self.cfg.max_payload)
     }
 
+    /// A builder for the protected form of an answer (OSCORE, RFC 8613):
+    /// its payload holds the plain answer's code, options and payload plus
+    /// a tag, so it may exceed the plain limit by [`SEALED_EXTRA`]. A plain
+    /// answer of a full block (an inner Block2 of `max_payload` bytes)
+    /// still goes out protected, in one message.
+    pub fn sealed_builder(&self) -> ResponseBuilder {
+        ResponseBuilder::in_pool(&self.pool, 64).with_limit(self.cfg.max_payload + SEALED_EXTRA)
+    }
+
+    /// Outer block-wise (RFC 8613 4.1.3.4.2): a request carrying Block1
+    /// outside its protection (an OSCORE message a proxy cut into blocks)
+    /// is put back together in the endpoint's Block1 store, under the same
+    /// bounds as any upload, before it is verified. `None` when `p` has no
+    /// Block1; otherwise what to do: answer at once (2.31 for a block that
+    /// is not the last, 4.08, 4.13, 5.03: [`super::reply_to_block`]), or verify
+    /// the request whole (`Whole`: `p` itself; `Complete`: the message put
+    /// together) and answer it with the Block1 given.
+    pub fn outer_block1(
+        &self,
+        now: Instant,
+        peer: SocketAddr,
+        p: &Packet<&[u8]>,
+    ) -> Option<Block1Outcome> {
+        match block_request(p) {
+            BlockRequest::Block1(b) => Some(
+                self.blocks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .on_block(now, peer, p, b),
+            ),
+            BlockRequest::BadBlock1 => Some(Block1Outcome::Reply {
+                code: Code::BAD_REQUEST,
+                block1: None,
+                size1: None,
+                max_age: None,
+            }),
+            BlockRequest::None | BlockRequest::Continuation => None,
+        }
+    }
+
     /// Finishes a request: registers or deregisters an observer, picks the
     /// message type and ID (a piggybacked ACK, a separate CON when the
     /// empty ACK went already, or a NON), caches the answer for duplicates,
@@ -846,7 +888,9 @@ impl Endpoint {
     /// confirmable: notifications for `connection` come out of
     /// [`Endpoint::notify`] as NON messages for the caller to frame and
     /// send on that connection. [`Endpoint::end_connection`] when it
-    /// closes.
+    /// closes. A relation registered by a protected request (OSCORE) has
+    /// its notifications sealed by `seal`, as over UDP
+    /// ([`Endpoint::observe_sealed`]).
     pub fn observe_reliable(
         &self,
         now: Instant,
@@ -854,9 +898,10 @@ impl Endpoint {
         req: &Request<'_>,
         connection: usize,
         rb: &mut ResponseBuilder,
+        seal: Option<Arc<dyn Seal>>,
     ) {
         debug_assert!(super::observe::is_reliable(connection));
-        self.observe_on_request(now, router, req, connection, usize::MAX / 4, rb, None);
+        self.observe_on_request(now, router, req, connection, usize::MAX / 4, rb, seal);
     }
 
     /// The reliable connection `connection` closed: its relations end
@@ -914,7 +959,7 @@ impl Endpoint {
             // a protected relation gets its notification protected, or
             // none: it ends
             if let Some(seal) = &n.seal {
-                let mut out = self.builder();
+                let mut out = self.sealed_builder();
                 if seal.seal(rb, &mut out).is_err() {
                     if self.observe.lock().deregister(n.peer, n.token.as_slice()) {
                         self.stats.end(Ended::Unprotected);

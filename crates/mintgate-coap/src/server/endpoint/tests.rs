@@ -439,7 +439,7 @@ fn over_connection(
     let Handled::Respond(mut rb) = ep.process(now, r, &rq) else {
         panic!("answered");
     };
-    ep.observe_reliable(now, r, &rq, conn, &mut rb);
+    ep.observe_reliable(now, r, &rq, conn, &mut rb, None);
     let Answer::Send(o) = finish_response(ep.pool(), rb, MessageType::Ack, 0, p.token()) else {
         panic!("encoded");
     };
