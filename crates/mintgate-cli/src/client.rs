@@ -148,7 +148,10 @@ pub struct RequestArgs {
     access_token_file: Option<PathBuf>,
     /// Protect the request with OSCORE (RFC 8613): a context file in TOML
     /// with the keys of one `[[oscore.contexts]]` (docs/config.md); its
-    /// sender sequence number is kept in NAME.seq beside the file.
+    /// sender sequence number is kept in NAME.seq beside the file. Over
+    /// every scheme (coap, coaps, coap+tcp, coaps+tcp, coap+ws, coaps+ws);
+    /// a body or an answer larger than a block goes in inner blocks, each
+    /// protected on its own (RFC 8613 4.1.3.4.1).
     #[arg(long, value_name = "CONTEXT-FILE")]
     oscore: Option<PathBuf>,
     /// Print the message type, code, options, round-trip time and
@@ -513,59 +516,6 @@ pub(crate) fn oscore_context(
     Ok(ctx)
 }
 
-/// Sends `request` protected with `ctx` and verifies the answer; a 4.01
-/// with an Echo option (a server that restarted, RFC 8613 B.1.2) is
-/// answered by repeating the request once with the Echo.
-fn oscore_exchange(
-    ctx: &mut mintgate_coap::oscore::Context,
-    out: &mut Outbound,
-    dest: SocketAddr,
-    mut request: Request,
-    deadline: Instant,
-) -> Result<
-    (
-        mintgate_gateway::outbound::Fetched,
-        mintgate_coap::oscore::client::Inner,
-    ),
-    OscoreFailure,
-> {
-    use mintgate_coap::oscore::client;
-    for attempt in 0..2 {
-        let (sent, id) = client::protect(ctx, &request).map_err(OscoreFailure::Oscore)?;
-        let fetched = out
-            .request(dest, sent, deadline)
-            .map_err(OscoreFailure::Exchange)?;
-        let r = &fetched.response;
-        let opts: Vec<(OptionNumber, &[u8])> =
-            r.options.iter().map(|(n, v)| (*n, &v[..])).collect();
-        if r.option(mintgate_coap::oscore::OSCORE).is_none() {
-            // an unprotected answer: the server refused the request
-            return Err(OscoreFailure::Refused(r.code, r.payload.to_vec()));
-        }
-        let inner = client::unprotect(ctx, r.code, &opts, &r.payload, &id)
-            .map_err(OscoreFailure::Oscore)?;
-        let echo = inner
-            .1
-            .iter()
-            .find(|(n, _)| *n == OptionNumber::ECHO)
-            .map(|(_, v)| v.clone());
-        match echo {
-            Some(e) if inner.0 == Code::UNAUTHORIZED && attempt == 0 => {
-                request.options.retain(|(n, _)| *n != OptionNumber::ECHO);
-                request.options.push((OptionNumber::ECHO, e));
-            }
-            _ => return Ok((fetched, inner)),
-        }
-    }
-    Err(OscoreFailure::Oscore(mintgate_coap::oscore::Error::Replay))
-}
-
-enum OscoreFailure {
-    Exchange(OutboundError),
-    Oscore(mintgate_coap::oscore::Error),
-    Refused(Code, Vec<u8>),
-}
-
 /// One request through `out`; prints the outcome and returns the exit code.
 fn one(
     args: &RequestArgs,
@@ -586,30 +536,15 @@ fn one(
         );
     }
     let start = Instant::now();
-    let mut inner = None;
+    // with OSCORE, the answer is the verified inner one, put together from
+    // inner blocks (a server's Echo challenge is answered on the way)
     let result = match oscore {
-        Some(ctx) => match oscore_exchange(ctx, out, dest, request, start + overall) {
-            Ok((f, i)) => {
-                inner = Some(i);
-                Ok(f)
-            }
-            Err(OscoreFailure::Exchange(e)) => Err(e),
-            Err(OscoreFailure::Oscore(e)) => {
-                eprintln!("mintgate: {dest}: OSCORE: {e}");
-                return Ok(ExitCode::from(EXIT_OTHER));
-            }
-            Err(OscoreFailure::Refused(code, why)) => {
-                eprintln!(
-                    "mintgate: {dest} refused the OSCORE request: {code} {}",
-                    String::from_utf8_lossy(&why)
-                );
-                return Ok(ExitCode::from(match code.class() {
-                    4 => EXIT_CLIENT_ERROR,
-                    5 => EXIT_SERVER_ERROR,
-                    _ => EXIT_OTHER,
-                }));
-            }
-        },
+        Some(ctx) => out.request_sealed(
+            dest,
+            request,
+            &mut mintgate_coap::oscore::client::Sealer::new(ctx),
+            start + overall,
+        ),
         None => out.request(dest, request, start + overall),
     };
     let fetched = match result {
@@ -636,6 +571,11 @@ fn one(
             eprintln!("mintgate: {dest}: {e}");
             return Ok(ExitCode::from(EXIT_OTHER));
         }
+        Err(OutboundError::Oscore(e)) => {
+            eprintln!("mintgate: {dest}: OSCORE: {e}");
+            return Ok(ExitCode::from(EXIT_OTHER));
+        }
+        Err(OutboundError::Refused { code, payload }) => return Ok(refused(dest, code, &payload)),
     };
     let r = fetched.response;
     let via = match fetched.source {
@@ -644,24 +584,29 @@ fn one(
         Source::Cache { age } => format!(", from the cache, {age} s old"),
         Source::Revalidated => ", from the cache, revalidated".to_string(),
     };
-    // an OSCORE answer is printed as its protected inner message
-    let (code, options, payload): mintgate_coap::oscore::client::Inner = match inner {
-        Some(i) => i,
-        None => (
-            r.code,
-            r.options.iter().map(|(n, v)| (*n, v.to_vec())).collect(),
-            r.payload.to_vec(),
-        ),
-    };
     print_response(
         args,
-        code,
+        r.code,
         r.msg_type.name(),
-        &options,
-        &payload,
+        &r.options,
+        &r.payload,
         (r.rtt, r.retransmissions),
         &via,
     )
+}
+
+/// Says that `dest` answered a protected request unprotected (`code`, with
+/// its diagnostic `why`): it refused it. The exit code of the class.
+fn refused(dest: SocketAddr, code: Code, why: &[u8]) -> ExitCode {
+    eprintln!(
+        "mintgate: {dest} refused the OSCORE request: {code} {}",
+        String::from_utf8_lossy(why)
+    );
+    ExitCode::from(match code.class() {
+        4 => EXIT_CLIENT_ERROR,
+        5 => EXIT_SERVER_ERROR,
+        _ => EXIT_OTHER,
+    })
 }
 
 /// Prints a response as the flags ask; returns the exit code of its class.
@@ -1022,6 +967,13 @@ fn tcp_requests<L: Link>(
     } else {
         ClientConnection::new(TCP_MAX_MESSAGE_SIZE, rand::random())
     };
+    let mut oscore = match &args.oscore {
+        Some(f) => Some(oscore_context(
+            f,
+            mintgate_gateway::oscore::DEFAULT_SEQ_STEP,
+        )?),
+        None => None,
+    };
     let mut x = TcpExchange {
         link: &mut link,
         c: &mut c,
@@ -1029,6 +981,7 @@ fn tcp_requests<L: Link>(
         dest,
         overall,
         transport: if ws { "WebSocket" } else { "TCP" },
+        oscore: oscore.as_mut(),
     };
     let mut status = ExitCode::SUCCESS;
     for i in 0..args.count {
@@ -1059,7 +1012,7 @@ fn tcp_requests<L: Link>(
             eprintln!(
                 "   {} bytes in {messages} messages{}",
                 resp.payload.len(),
-                if x.c.peer_block_wise() { " (BERT)" } else { "" }
+                if x.bert() { " (BERT)" } else { "" }
             );
         }
         status = print_response(
@@ -1086,12 +1039,95 @@ struct TcpExchange<'a, L> {
     dest: SocketAddr,
     overall: Duration,
     transport: &'static str,
+    /// `--oscore`: every request protected, every answer verified.
+    oscore: Option<&'a mut mintgate_coap::oscore::Context>,
 }
 
 impl<L: Link> TcpExchange<'_, L> {
+    /// Sends one request and waits for its answer, protected with OSCORE
+    /// when the exchange has a context (the answer is then the verified
+    /// inner one, and a server's Echo challenge, RFC 8613 B.1.2, is
+    /// answered once); `Err(code)` when there is none, said on stderr.
+    fn exchange(
+        &mut self,
+        method: Code,
+        options: &[(OptionNumber, Vec<u8>)],
+        payload: &[u8],
+    ) -> anyhow::Result<Result<mintgate_coap::client::tcp::TcpResponse, ExitCode>> {
+        let Some(ctx) = self.oscore.take() else {
+            return self.exchange_plain(method, options, payload);
+        };
+        let r = self.exchange_sealed(ctx, method, options, payload);
+        self.oscore = Some(ctx);
+        r
+    }
+
+    fn exchange_sealed(
+        &mut self,
+        ctx: &mut mintgate_coap::oscore::Context,
+        method: Code,
+        options: &[(OptionNumber, Vec<u8>)],
+        payload: &[u8],
+    ) -> anyhow::Result<Result<mintgate_coap::client::tcp::TcpResponse, ExitCode>> {
+        let dest = self.dest;
+        let oscore_failed = |e: mintgate_coap::oscore::Error| {
+            eprintln!("mintgate: {dest}: OSCORE: {e}");
+            Ok(Err(ExitCode::from(EXIT_OTHER)))
+        };
+        let mut req = Request {
+            confirmable: true,
+            code: method,
+            options: options.to_vec(),
+            payload: payload.to_vec(),
+        };
+        let mut sealer = mintgate_coap::oscore::client::Sealer::new(ctx);
+        for attempt in 0..2 {
+            let outer = match sealer.seal(&req) {
+                Ok(o) => o,
+                Err(e) => return oscore_failed(e),
+            };
+            let resp = match self.exchange_plain(outer.code, &outer.options, &outer.payload)? {
+                Ok(r) => r,
+                Err(code) => return Ok(Err(code)),
+            };
+            if !resp
+                .options
+                .iter()
+                .any(|(n, _)| *n == mintgate_coap::oscore::OSCORE)
+            {
+                return Ok(Err(refused(dest, resp.code, &resp.payload)));
+            }
+            let opts: Vec<(OptionNumber, &[u8])> =
+                resp.options.iter().map(|(n, v)| (*n, &v[..])).collect();
+            let (code, options, payload) = match sealer.open(resp.code, &opts, &resp.payload) {
+                Ok(i) => i,
+                Err(e) => return oscore_failed(e),
+            };
+            let echo = options
+                .iter()
+                .find(|(n, _)| *n == OptionNumber::ECHO)
+                .map(|(_, v)| v.clone());
+            match echo {
+                Some(e) if code == Code::UNAUTHORIZED && attempt == 0 => {
+                    req.options.retain(|(n, _)| *n != OptionNumber::ECHO);
+                    req.options.push((OptionNumber::ECHO, e));
+                }
+                _ => {
+                    return Ok(Ok(mintgate_coap::client::tcp::TcpResponse {
+                        token: resp.token,
+                        code,
+                        options,
+                        payload,
+                    }))
+                }
+            }
+        }
+        oscore_failed(mintgate_coap::oscore::Error::Replay)
+    }
+
     /// Sends one request (after the server's CSM) and waits for its
     /// answer; `Err(code)` when there is none, said on stderr.
-    fn exchange(
+    fn exchange_plain(
         &mut self,
         method: Code,
         options: &[(OptionNumber, Vec<u8>)],
@@ -1151,6 +1187,12 @@ impl<L: Link> TcpExchange<'_, L> {
         }
     }
 
+    /// Whether blocks are BERT blocks (RFC 8323 6): both CSMs offered them
+    /// and the requests are not protected.
+    fn bert(&self) -> bool {
+        self.c.peer_block_wise() && self.oscore.is_none()
+    }
+
     /// When `resp` is the first block of a block-wise answer, asks for the
     /// rest and appends it to its payload, checking that every block
     /// continues the body (its offset, its ETag); BERT blocks when both
@@ -1181,7 +1223,9 @@ impl<L: Link> TcpExchange<'_, L> {
         let mut last = block2(resp);
         while let Some(v) = last.filter(|v| v & 8 != 0 && resp.code.class() == 2) {
             let offset = resp.payload.len();
-            let szx = if self.c.peer_block_wise() { 7 } else { v & 7 };
+            // BERT is the transport's: not inside OSCORE, whose inner
+            // Block2 the server's router reads as RFC 7959 says
+            let szx = if self.bert() { 7 } else { v & 7 };
             let dest = self.dest;
             let fail = |why: String| {
                 eprintln!("mintgate: {dest}: {why}");

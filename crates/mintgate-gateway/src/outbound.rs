@@ -26,6 +26,7 @@ use bytes::Bytes;
 use mintgate_coap::cache::{self, Cache, CacheKey, Lookup};
 use mintgate_coap::client::blockwise::{BlockConfig, BlockError, Response, Step, Transfer};
 use mintgate_coap::client::{Client, ClientConfig, Event, Request, RequestError};
+use mintgate_coap::oscore::client::{AnswerError, Sealer};
 use mintgate_coap::rto::RtoController;
 use mintgate_coap::wire::{encode_uint, Code, MessageType, OptionNumber};
 use mintgate_dtls::{ClientSettings, DtlsClient, DtlsError};
@@ -77,6 +78,19 @@ pub enum OutboundError {
     /// The DTLS session (coaps) failed: handshake, keys, certificates.
     #[error(transparent)]
     Dtls(#[from] DtlsError),
+    /// A request could not be protected, or its answer not verified
+    /// (OSCORE).
+    #[error("OSCORE: {0}")]
+    Oscore(mintgate_coap::oscore::Error),
+    /// A protected request got an unprotected answer: the server refused
+    /// it (an unknown context, a replay, a ciphertext that did not verify).
+    #[error("the server refused the OSCORE request: {code}")]
+    Refused {
+        /// The answer's code.
+        code: Code,
+        /// Its payload (the server's diagnostic, if any).
+        payload: Bytes,
+    },
 }
 
 /// Counters of an [`Outbound`].
@@ -234,7 +248,7 @@ impl Outbound {
             })
             .cloned()
             .collect();
-        let resp = self.transfer(dest, req, deadline)?;
+        let resp = self.transfer(dest, req, None, deadline)?;
         let now = Instant::now();
         let Some(c) = self.cache.as_mut() else {
             self.stats.network += 1;
@@ -273,10 +287,32 @@ impl Outbound {
     }
 
     /// Runs the block-wise transfer of `req` to its end.
+    /// Sends `req` protected by `sealer` (OSCORE) and waits for the whole
+    /// answer, verified, until `deadline` at most. Block-wise transfers go
+    /// inside the protection (RFC 8613 4.1.3.4.1): each block is a request
+    /// protected on its own, so a body of any size passes a proxy that
+    /// cannot read it. The cache is not used: the answers are for this
+    /// client alone. An unprotected answer is [`OutboundError::Refused`].
+    pub fn request_sealed(
+        &mut self,
+        dest: SocketAddr,
+        req: Request,
+        sealer: &mut Sealer<'_>,
+        deadline: Instant,
+    ) -> Result<Fetched, OutboundError> {
+        let response = self.transfer(dest, req, Some(sealer), deadline)?;
+        self.stats.network += 1;
+        Ok(Fetched {
+            response,
+            source: Source::Network,
+        })
+    }
+
     fn transfer(
         &mut self,
         dest: SocketAddr,
         req: Request,
+        mut sealer: Option<&mut Sealer<'_>>,
         deadline: Instant,
     ) -> Result<Response, OutboundError> {
         match &self.dtls {
@@ -295,7 +331,8 @@ impl Outbound {
             None => {}
         }
         let (mut t, first) = Transfer::new(req, self.block);
-        self.client.request(Instant::now(), dest, first)?;
+        self.client
+            .request(Instant::now(), dest, seal(&mut sealer, first)?)?;
         self.stats.exchanges += 1;
         loop {
             while let Some(tx) = self.client.poll_transmit(Instant::now()) {
@@ -320,9 +357,10 @@ impl Outbound {
                 match ev {
                     Event::Timeout { .. } => return Err(OutboundError::Timeout),
                     Event::Reset { .. } => return Err(OutboundError::Reset),
-                    ev @ Event::Response { .. } => match t.on_event(ev) {
+                    ev @ Event::Response { .. } => match t.on_event(open(&mut sealer, ev)?) {
                         Some(Step::Send(next)) => {
-                            self.client.request(Instant::now(), dest, next)?;
+                            self.client
+                                .request(Instant::now(), dest, seal(&mut sealer, next)?)?;
                             self.stats.exchanges += 1;
                             continue;
                         }
@@ -382,6 +420,26 @@ impl Outbound {
 
 /// A stored response as an answer: Max-Age lowered by `age` (RFC 7252
 /// 5.6.1), no exchange made.
+/// `r` protected by `sealer`, when there is one.
+fn seal(sealer: &mut Option<&mut Sealer<'_>>, r: Request) -> Result<Request, OutboundError> {
+    match sealer.as_deref_mut() {
+        Some(s) => s.seal(&r).map_err(OutboundError::Oscore),
+        None => Ok(r),
+    }
+}
+
+/// A response verified by `sealer` (when there is one) as its inner
+/// response.
+fn open(sealer: &mut Option<&mut Sealer<'_>>, ev: Event) -> Result<Event, OutboundError> {
+    match sealer.as_deref_mut() {
+        Some(s) => s.open_event(ev).map_err(|e| match e {
+            AnswerError::Unprotected { code, payload } => OutboundError::Refused { code, payload },
+            AnswerError::Oscore(e) => OutboundError::Oscore(e),
+        }),
+        None => Ok(ev),
+    }
+}
+
 fn from_cache(r: cache::Response, age: u32) -> Response {
     let left = r.max_age().unwrap_or(0).saturating_sub(age);
     let mut options = r.options;
