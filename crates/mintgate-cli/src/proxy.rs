@@ -157,10 +157,36 @@ pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Re
         },
         write_auth: WriteAuth::Open,
         allowed_hosts: s.allowed_hosts.clone(),
+        upstream_oscore: upstream_oscore(&s.oscore)?,
     };
     cfg.validate()
         .map_err(|e| anyhow!("invalid config value proxy.{}: {}", e.key, e.why))?;
     Ok(cfg)
+}
+
+/// `[[proxy.oscore]]`: each upstream's context, opened from its file (its
+/// sequence number reserved in NAME.seq beside it).
+fn upstream_oscore(
+    list: &[mintgate_gateway::config::ProxyOscore],
+) -> anyhow::Result<mintgate_proxy::upstream::UpstreamOscore> {
+    let mut m = std::collections::HashMap::new();
+    for o in list {
+        let ctx =
+            crate::client::oscore_context(&o.context, mintgate_gateway::oscore::DEFAULT_SEQ_STEP)
+                .map_err(|e| anyhow!("invalid config value proxy.oscore: {e:#}"))?;
+        if m.insert(
+            o.upstream,
+            std::sync::Arc::new(parking_lot::Mutex::new(ctx)),
+        )
+        .is_some()
+        {
+            return Err(anyhow!(
+                "invalid config value proxy.oscore: {} has two contexts",
+                o.upstream
+            ));
+        }
+    }
+    Ok(mintgate_proxy::upstream::UpstreamOscore(m))
 }
 
 /// The HTTP side of the `[access]` policy: bearer tokens for writes, passed

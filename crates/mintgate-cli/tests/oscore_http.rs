@@ -4,7 +4,8 @@
 //! it untouched to the gateway's CoAP endpoint, which verifies it, applies
 //! `access.write = "oscore"`, and answers protected. The proxy holds no
 //! key: a wrong key is refused by the gateway, and a plain HTTP write by
-//! the proxy's write policy.
+//! the proxy's write policy. With `[[proxy.oscore]]` the proxy is the
+//! OSCORE client itself: plain HTTP requests go protected to that upstream.
 
 mod common;
 
@@ -145,5 +146,95 @@ fn oscore_passes_the_http_proxy_end_to_end() {
     );
     assert_eq!(st, 403, "4.01 from the gateway maps to 403: {head}{body}");
     assert!(body.contains("Security context not found"), "{body}");
+    s.terminate(Duration::from_secs(10));
+}
+
+/// A `mintgate proxy` child (killed on drop) whose `[proxy]` is `section`.
+struct Proxy(std::process::Child);
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn proxy(dir: &Path, name: &str, web: u16, section: &str) -> Proxy {
+    let cfg = dir.join(format!("{name}.toml"));
+    std::fs::write(&cfg, section).unwrap();
+    let child = std::process::Command::new(BIN)
+        .args(["proxy", "-c"])
+        .arg(&cfg)
+        .args(["--http", &format!("127.0.0.1:{web}")])
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
+        .spawn()
+        .expect("start mintgate proxy");
+    common::wait_tcp(web, Duration::from_secs(10));
+    Proxy(child)
+}
+
+/// The proxy's upstream client as the OSCORE client (`[[proxy.oscore]]`):
+/// plain HTTP requests reach a gateway that takes only protected writes,
+/// protected by the proxy, a body of several blocks each block protected
+/// on its own (inner blocks, RFC 8613 4.1.3.4.1) both ways. A proxy whose
+/// key is wrong gets the gateway's unprotected refusal and answers 502.
+#[test]
+fn the_proxy_protects_what_it_sends_to_an_oscore_upstream() {
+    let dir = tmp_dir("oscore-upstream");
+    std::fs::write(dir.join("secret.hex"), SECRET).unwrap();
+    std::fs::write(dir.join("wrong.hex"), "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff").unwrap();
+    let coap = free_udp();
+    let mut contexts = context(&dir, "edge", "secret.hex", 0x04);
+    contexts += &context(&dir, "stale", "wrong.hex", 0x05);
+    let cfg = write_config(
+        &dir,
+        coap,
+        &format!(
+            "[access]\nwrite = \"oscore\"\n[oscore]\nstate = \"{}\"\n{contexts}",
+            dir.join("state").display()
+        ),
+    );
+    let mut s = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    s.wait_coap(
+        format!("127.0.0.1:{coap}").parse().unwrap(),
+        Duration::from_secs(15),
+    );
+    let section = |ctx: &str| {
+        format!(
+            "[proxy]\nallow = [\"127.0.0.1:{coap}\"]\n\
+             [[proxy.oscore]]\nupstream = \"127.0.0.1:{coap}\"\ncontext = \"{}\"\n",
+            dir.join(ctx).display()
+        )
+    };
+    let web = free_tcp();
+    let _p = proxy(&dir, "proxy-edge", web, &section("edge.toml"));
+    let path = format!("/hc/coap://127.0.0.1:{coap}/echo");
+
+    // plain HTTP, protected on the CoAP side: the gateway takes the write
+    let body: Vec<u8> = (0..3000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let (st, head, text) = http(web, "PUT", &path, &[("Content-Type", "text/plain")], &body);
+    assert!((200..300).contains(&st), "{head}{text}");
+    let (st, head, text) = http(web, "GET", &path, &[], b"");
+    assert_eq!(st, 200, "{head}");
+    assert!(text.as_bytes() == body, "{} bytes back", text.len());
+    // the same write straight to the gateway, unprotected: refused
+    let o = std::process::Command::new(BIN)
+        .args(["put", &format!("coap://127.0.0.1:{coap}/echo"), "-e", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+
+    // the wrong key: the gateway refuses unprotected, the proxy says so
+    let web2 = free_tcp();
+    let _p2 = proxy(&dir, "proxy-stale", web2, &section("stale.toml"));
+    let (st, head, text) = http(web2, "GET", &path, &[], b"");
+    assert_eq!(st, 502, "{head}{text}");
+    assert!(
+        text.contains("refused the protected request: 4.00"),
+        "{text}"
+    );
     s.terminate(Duration::from_secs(10));
 }

@@ -76,6 +76,9 @@ pub struct ProxyConfig {
     /// Names a write's `Host` may carry besides IP literals and
     /// `localhost` (`mintgate_coap::uri::host_allowed`; `"*"`: any).
     pub allowed_hosts: Vec<String>,
+    /// OSCORE contexts of upstreams (RFC 8613): requests to these go
+    /// protected, by the proxy as the OSCORE client.
+    pub upstream_oscore: crate::upstream::UpstreamOscore,
 }
 
 /// What an HTTP write needs (the gateway's `[access]` policy, HTTP side).
@@ -155,6 +158,7 @@ impl Default for ProxyConfig {
             },
             write_auth: WriteAuth::Open,
             allowed_hosts: Vec::new(),
+            upstream_oscore: Default::default(),
         }
     }
 }

@@ -132,6 +132,7 @@ impl ProxyServer {
             separate_timeout: cfg.request_timeout,
             seed: rand::random(),
             block: upstream::block_config(),
+            oscore: cfg.upstream_oscore.clone(),
         };
         let up = match sockets.upstream {
             Some(s) => upstream::Upstream::start_with(ucfg, s),

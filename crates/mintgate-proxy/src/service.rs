@@ -385,6 +385,10 @@ impl Proxy {
                     StatusCode::BAD_GATEWAY,
                     format!("the CoAP server {authority}: {m}"),
                 ),
+                UpstreamError::Oscore(m) => ProxyError::new(
+                    StatusCode::BAD_GATEWAY,
+                    format!("the CoAP server {authority}: {m}"),
+                ),
             })?;
         let now = Instant::now();
         let mut resp = up.response;

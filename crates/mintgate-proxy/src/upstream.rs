@@ -15,6 +15,13 @@
 //! - The socket is bound to `[::]:0` accepting IPv4 too (v4-mapped), or to
 //!   `0.0.0.0:0` where IPv6 is unavailable.
 //!
+//! - OSCORE (RFC 8613): requests to an upstream that has a security
+//!   context ([`UpstreamConfig::oscore`]) are protected by the proxy, each
+//!   exchange (each block) on its own, and answered only with what
+//!   verifies: the proxy is then the OSCORE client, and the upstream sees
+//!   the context's identity. A request that is already protected (an HTTP
+//!   client's own OSCORE, RFC 8613 section 11) is forwarded as it is.
+//!
 //! An HTTP request that is abandoned (client gone, proxy timeout) leaves its
 //! exchange running until the CoAP layer ends it; its answer is discarded,
 //! and it holds its slot until then, so the limits stay honest.
@@ -29,7 +36,9 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use mintgate_coap::client::blockwise::{BlockConfig, Step, Transfer};
 use mintgate_coap::client::{Client, ClientConfig, Event, ExchangeId, Request};
+use mintgate_coap::oscore::{self, Context, RequestId};
 use mintgate_coap::rto::{Algorithm, TransmissionParams};
+use parking_lot::Mutex;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot};
 
@@ -54,6 +63,30 @@ pub struct UpstreamConfig {
     /// go up in blocks (Block1), block-wise answers are fetched whole
     /// (Block2) up to `max_body` bytes.
     pub block: BlockConfig,
+    /// OSCORE security contexts by upstream address: requests to these
+    /// are protected, their answers verified.
+    pub oscore: UpstreamOscore,
+}
+
+/// OSCORE contexts of upstreams, by address (shared: the proxy and
+/// anything else holding the context take its sequence numbers in turn).
+#[derive(Clone, Default)]
+pub struct UpstreamOscore(pub HashMap<SocketAddr, Arc<Mutex<Context>>>);
+
+impl std::fmt::Debug for UpstreamOscore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl PartialEq for UpstreamOscore {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .all(|(a, c)| other.0.get(a).is_some_and(|o| Arc::ptr_eq(c, o)))
+    }
 }
 
 impl Default for UpstreamConfig {
@@ -66,6 +99,7 @@ impl Default for UpstreamConfig {
             separate_timeout: Duration::from_secs(60),
             seed: rand::random(),
             block: block_config(),
+            oscore: UpstreamOscore::default(),
         }
     }
 }
@@ -105,6 +139,10 @@ pub enum UpstreamError {
     /// rules, the representation kept changing).
     #[error("{0}")]
     Block(String),
+    /// The request could not be protected, or the answer came unprotected
+    /// or did not verify (OSCORE).
+    #[error("OSCORE with the CoAP server: {0}")]
+    Oscore(String),
 }
 
 /// A response and how the exchange went.
@@ -300,6 +338,7 @@ impl Upstream {
             per_dest: HashMap::new(),
             max_per_dest: cfg.max_queue_per_upstream.max(1),
             block: cfg.block,
+            oscore: cfg.oscore,
             stats: stats.clone(),
         };
         tokio::spawn(task.run());
@@ -353,6 +392,38 @@ struct Pending {
     reply: oneshot::Sender<Result<UpstreamResponse, UpstreamError>>,
     /// The request's block-wise transfer: one exchange, or one per block.
     transfer: Transfer,
+    /// With OSCORE: the context, and what the exchange in flight was
+    /// protected as.
+    sealed: Option<(Arc<Mutex<Context>>, Option<RequestId>)>,
+}
+
+impl Pending {
+    /// `r` protected when the transfer is, as the exchange to start next.
+    fn seal(&mut self, r: Request) -> Result<Request, UpstreamError> {
+        let Some((ctx, last)) = &mut self.sealed else {
+            return Ok(r);
+        };
+        let (outer, id) = oscore::client::protect(&mut ctx.lock(), &r)
+            .map_err(|e| UpstreamError::Oscore(e.to_string()))?;
+        *last = Some(id);
+        Ok(outer)
+    }
+
+    /// The answer to the exchange in flight, verified when it was
+    /// protected.
+    fn open(&self, ev: Event) -> Result<Event, UpstreamError> {
+        let Some((ctx, Some(id))) = &self.sealed else {
+            return Ok(ev);
+        };
+        oscore::client::open_event(&ctx.lock(), id, ev).map_err(|e| {
+            UpstreamError::Oscore(match e {
+                oscore::client::AnswerError::Unprotected { code, .. } => {
+                    format!("it refused the protected request: {code}")
+                }
+                oscore::client::AnswerError::Oscore(e) => e.to_string(),
+            })
+        })
+    }
 }
 
 /// The task's state. Invariant: `per_dest[d]` is the number of entries of
@@ -367,6 +438,7 @@ struct Task {
     per_dest: HashMap<SocketAddr, usize>,
     max_per_dest: usize,
     block: BlockConfig,
+    oscore: UpstreamOscore,
     stats: Arc<UpstreamStats>,
 }
 
@@ -454,22 +526,35 @@ impl Task {
             options: c.req.options,
             payload: c.req.payload,
         };
+        // a request the HTTP client protected itself goes as it is
+        let sealed = match self.oscore.0.get(&c.dest) {
+            Some(ctx) if !req.options.iter().any(|(n, _)| *n == oscore::OSCORE) => {
+                Some((ctx.clone(), None))
+            }
+            _ => None,
+        };
         let (transfer, first) = Transfer::new(req, self.block);
+        let mut p = Pending {
+            dest: c.dest,
+            reply: c.reply,
+            transfer,
+            sealed,
+        };
+        let first = match p.seal(first) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = p.reply.send(Err(e));
+                return;
+            }
+        };
         match self.client.request(Instant::now(), c.dest, first) {
             Ok(id) => {
                 self.stats.requests.fetch_add(1, Relaxed);
                 *self.per_dest.entry(c.dest).or_insert(0) += 1;
-                self.pending.insert(
-                    id,
-                    Pending {
-                        dest: c.dest,
-                        reply: c.reply,
-                        transfer,
-                    },
-                );
+                self.pending.insert(id, p);
             }
             Err(e) => {
-                let _ = c.reply.send(Err(UpstreamError::Request(e.to_string())));
+                let _ = p.reply.send(Err(UpstreamError::Request(e.to_string())));
             }
         }
     }
@@ -506,23 +591,28 @@ impl Task {
                         Err(UpstreamError::Timeout)
                     }
                     Event::Reset { .. } => Err(UpstreamError::Reset),
-                    ev => match p.transfer.on_event(ev) {
-                        Some(Step::Send(next)) => {
+                    ev => match p.open(ev).map(|ev| p.transfer.on_event(ev)) {
+                        Err(e) => Err(e),
+                        Ok(Some(Step::Send(next))) => {
                             // the next block: the request keeps its slot
                             if p.reply.is_closed() {
                                 Err(UpstreamError::Io("abandoned".into()))
                             } else {
-                                match self.client.request(Instant::now(), p.dest, next) {
+                                match p.seal(next).and_then(|next| {
+                                    self.client
+                                        .request(Instant::now(), p.dest, next)
+                                        .map_err(|e| UpstreamError::Request(e.to_string()))
+                                }) {
                                     Ok(id) => {
                                         self.pending.insert(id, p);
                                         continued = true;
                                         continue;
                                     }
-                                    Err(e) => Err(UpstreamError::Request(e.to_string())),
+                                    Err(e) => Err(e),
                                 }
                             }
                         }
-                        Some(Step::Done(r)) => Ok(UpstreamResponse {
+                        Ok(Some(Step::Done(r))) => Ok(UpstreamResponse {
                             response: CoapResponse {
                                 code: r.code,
                                 options: r.options,
@@ -531,8 +621,8 @@ impl Task {
                             rtt: r.rtt,
                             retransmissions: r.retransmissions,
                         }),
-                        Some(Step::Failed(e)) => Err(UpstreamError::Block(e.to_string())),
-                        None => Err(UpstreamError::Io(
+                        Ok(Some(Step::Failed(e))) => Err(UpstreamError::Block(e.to_string())),
+                        Ok(None) => Err(UpstreamError::Io(
                             "an exchange ended without an answer".into(),
                         )),
                     },

@@ -78,6 +78,9 @@ pub struct ProxySection {
     pub session_cache: usize,
     /// Accept 0-RTT early data (safe methods only; others 425).
     pub early_data: bool,
+    /// OSCORE towards upstreams: `{ upstream = "ADDR:PORT", context =
+    /// "FILE" }`, the context file as `mintgate get --oscore` takes it.
+    pub oscore: Vec<ProxyOscore>,
 }
 
 /// One `[[proxy.reverse]]` mapping.
@@ -123,6 +126,21 @@ impl Default for ProxySection {
             client_ca: None,
             session_cache: 4096,
             early_data: true,
+            oscore: Vec::new(),
         }
     }
+}
+
+/// One `[[proxy.oscore]]`: requests the proxy sends to `upstream` go
+/// protected with the context in `context` (RFC 8613), the proxy being the
+/// OSCORE client.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyOscore {
+    /// The upstream's address (an IP address and port, as the proxy
+    /// resolves the target to).
+    pub upstream: SocketAddr,
+    /// The context file (`[[oscore.contexts]]` keys; its sequence number
+    /// in NAME.seq beside it).
+    pub context: std::path::PathBuf,
 }
