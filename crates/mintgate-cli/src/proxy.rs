@@ -211,13 +211,16 @@ pub fn write_auth(access: &AccessSection, own: &[Authority]) -> WriteAuth {
 /// policy; logs where it serves and where the HTTP/3 certificate is.
 /// `upstream_bound` is told the upstream CoAP socket's local address before
 /// any request can use it (the gateway in this process registers it as a
-/// proxy source, see `mintgate_gateway::access`).
+/// proxy source, see `mintgate_gateway::access`). `coap_ws` takes the
+/// CoAP over WebSockets upgrades the HTTP listener hands over (serve's
+/// gateway, with `proxy.coap_ws`).
 pub fn start(
     s: &ProxySection,
     default_allow: &[Authority],
     access: &AccessSection,
     extra: Option<axum::Router>,
     upstream_bound: &dyn Fn(SocketAddr),
+    coap_ws: Option<mintgate_gateway::coap_tcp::Adopter>,
 ) -> anyhow::Result<Option<ProxyServer>> {
     if s.http.is_none() && s.h3.is_none() {
         return Ok(None);
@@ -238,6 +241,9 @@ pub fn start(
         })?;
     upstream_bound(up.local_addr()?);
     sockets.upstream = Some(up);
+    sockets.ws_handoff = coap_ws.map(|a| mintgate_proxy::server::Handoff {
+        to: std::sync::Arc::new(move |s, peer| a.adopt(s, peer)),
+    });
     let srv = ProxyServer::start_with(cfg, sockets, s.threads, extra)
         .context("starting the HTTP proxy")?;
     if let Some(a) = srv.http_addr() {
@@ -407,9 +413,14 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
     let set = crate::common::block_signals();
     // the HTTP listener also answers /healthz and /readyz, as serve's does
     let health = mintgate_proxy::health::router(std::time::Instant::now());
-    let srv = start(&s, &default_allow, &cfg.access, Some(health), &|a| {
-        tracing::debug!("upstream CoAP socket on udp {a}")
-    })?
+    let srv = start(
+        &s,
+        &default_allow,
+        &cfg.access,
+        Some(health),
+        &|a| tracing::debug!("upstream CoAP socket on udp {a}"),
+        None,
+    )?
     .ok_or_else(|| anyhow!("nothing to serve"))?;
     let listeners: Vec<SocketAddr> = srv.http_addr().into_iter().chain(srv.h3_addr()).collect();
     if let Some(w) = mintgate_gateway::access::unset_warning(&cfg.access, &listeners) {

@@ -258,6 +258,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         &cfg.access,
         Some(extra),
         &|a| handle.access().add_proxy_source(a),
+        gw.ws_adopter(),
     )?;
     if let Some(p) = &proxy {
         // The dashboard's proxy section and /metrics read the same counters.

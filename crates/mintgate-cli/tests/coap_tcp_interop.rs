@@ -409,6 +409,76 @@ fn mintgate_client_over_ws_against_serve() {
     );
 }
 
+/// CoAP over WebSockets on the HTTP listener (`proxy.http`, with
+/// `proxy.coap_ws` on by default): aiocoap and mintgate's client upgrade
+/// at /.well-known/coap on the port that serves HTTP, and HTTP requests go
+/// on being answered there; no `coap.ws_bind` is set. With `coap_ws =
+/// false` the upgrade is the proxy's 404.
+#[test]
+fn coap_over_websockets_shares_the_http_port() {
+    let dir = tmp_dir("ws-on-http");
+    let web = free_tcp();
+    let udp = free_udp();
+    let cfg = write_config(&dir, udp, &format!("[proxy]\nhttp = \"127.0.0.1:{web}\"\n"));
+    let mut s = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    s.wait_coap(
+        format!("127.0.0.1:{udp}").parse().unwrap(),
+        Duration::from_secs(15),
+    );
+    common::wait_tcp(web, Duration::from_secs(10));
+    let uri = |p: &str| format!("coap+ws://127.0.0.1:{web}/{p}");
+    if let Some(aio) = aiocoap_client() {
+        aiocoap_get_put_get(&aio, &uri);
+    }
+    let out = mintgate(&["get", "--count", "2", &uri("request")]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches("hello world")
+            .count(),
+        2
+    );
+    let (st, _, body) = common::http(
+        web,
+        "GET",
+        &format!("/hc/coap://127.0.0.1:{udp}/request"),
+        &[],
+        b"",
+    );
+    assert_eq!((st, body.trim()), (200, "hello world"));
+    // an HTTP GET of the path without an upgrade gets no CoAP: the
+    // WebSocket server refuses the handshake
+    let (st, _, _) = common::http(web, "GET", "/.well-known/coap", &[], b"");
+    assert_ne!(st, 200);
+    s.terminate(Duration::from_secs(10));
+
+    let web = free_tcp();
+    let udp = free_udp();
+    let cfg = write_config(
+        &dir,
+        udp,
+        &format!("[proxy]\nhttp = \"127.0.0.1:{web}\"\ncoap_ws = false\n"),
+    );
+    let mut s = Serve::start(&cfg, &dir.join("serve2.log"), &[]);
+    s.wait_coap(
+        format!("127.0.0.1:{udp}").parse().unwrap(),
+        Duration::from_secs(15),
+    );
+    common::wait_tcp(web, Duration::from_secs(10));
+    let out = mintgate(&[
+        "get",
+        "--timeout",
+        "3s",
+        &format!("coap+ws://127.0.0.1:{web}/request"),
+    ]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("404"),
+        "{out:?}"
+    );
+    s.terminate(Duration::from_secs(10));
+}
+
 /// A WebSocket client of our own making's connection, upgraded with
 /// `protocol` (None: no Sec-WebSocket-Protocol) at `path`.
 fn ws_connect(

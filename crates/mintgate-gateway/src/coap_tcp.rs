@@ -28,6 +28,9 @@
 //! then each binary WebSocket message is one CoAP message without the
 //! length field, held to our Max-Message-Size by tungstenite's own message
 //! and frame limits. `coaps+ws` (`coaps.ws_bind`) is the same over TLS.
+//! The HTTP listener (`proxy.http`) hands over the connections whose first
+//! request is `GET /.well-known/coap` ([`Adopter`], `proxy.coap_ws`), so
+//! `coap+ws` also answers on the HTTP port, under the same bounds.
 //!
 //! Observe (RFC 7641 over RFC 8323 7.2) works on all four: each connection
 //! has a listener index of its own in the endpoint's one Observe registry,
@@ -284,6 +287,39 @@ pub struct TcpServer {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     stats: Arc<TcpStats>,
+    shared: Arc<Shared>,
+}
+
+/// Takes connections another listener accepted into a [`TcpServer`]:
+/// the HTTP listener hands over a WebSocket upgrade to `/.well-known/coap`
+/// (RFC 8323 4), its request still unread, so CoAP over WebSockets shares
+/// the HTTP port. Cheap to clone.
+#[derive(Clone)]
+pub struct Adopter(Arc<Shared>);
+
+impl Adopter {
+    /// Serves `s`, from `peer`, as a connection accepted by the server's
+    /// own listener: the same bounds (a connection over them is closed and
+    /// counted as refused), timeouts and counters. False when refused.
+    pub fn adopt(&self, s: TcpStream, peer: SocketAddr) -> bool {
+        let sh = &self.0;
+        if sh.stop.load(Relaxed) {
+            return false;
+        }
+        let Some(slot) = admit(sh, peer) else {
+            sh.stats.refused.fetch_add(1, Relaxed);
+            return false;
+        };
+        let sh2 = sh.clone();
+        std::thread::Builder::new()
+            .name(format!("{}-conn", sh.transport.name()))
+            .spawn(move || {
+                let _slot = slot;
+                serve_connection(&sh2, s, peer);
+            })
+            .map_err(|e| tracing::warn!(error = %e, "cannot start a connection thread"))
+            .is_ok()
+    }
 }
 
 struct Shared {
@@ -345,7 +381,13 @@ impl TcpServer {
             stop,
             threads,
             stats,
+            shared: sh,
         })
+    }
+
+    /// What takes connections accepted elsewhere into this server.
+    pub fn adopter(&self) -> Adopter {
+        Adopter(self.shared.clone())
     }
 
     /// The bound addresses (with the ports the OS chose for `:0`).

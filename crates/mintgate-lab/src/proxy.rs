@@ -238,6 +238,7 @@ pub fn lab_proxy(o: &ProxyLabOptions) -> anyhow::Result<Summary> {
                     http: Some(http),
                     h3: Some(h3),
                     upstream: None,
+                    ws_handoff: None,
                 })
             })?
             .join()

@@ -57,6 +57,9 @@ pub struct Sockets {
     pub h3: Option<std::net::UdpSocket>,
     /// The upstream CoAP client's socket (default: a new dual-stack one).
     pub upstream: Option<std::net::UdpSocket>,
+    /// Where the HTTP listener hands CoAP over WebSockets upgrades
+    /// (`GET /.well-known/coap`); without it they are the proxy's (404).
+    pub ws_handoff: Option<server::Handoff>,
 }
 
 impl Sockets {
@@ -84,6 +87,7 @@ impl Sockets {
             http,
             h3,
             upstream: None,
+            ws_handoff: None,
         })
     }
 }
@@ -157,6 +161,7 @@ impl ProxyServer {
                 app,
                 server::ConnLimits::from(&cfg),
                 conn_stats.clone(),
+                sockets.ws_handoff.clone(),
                 async move {
                     let _ = stopped.wait_for(|s| *s).await;
                 },

@@ -156,6 +156,57 @@ pub struct ConnStats {
     pub idle_closed: AtomicU64,
     /// Open now.
     pub open: AtomicU64,
+    /// Handed to another server ([`Handoff`]: CoAP over WebSockets).
+    pub handed_off: AtomicU64,
+}
+
+/// Connections the HTTP listener hands to another server: those whose first
+/// request is `GET` of [`COAP_WS_PATH`], a CoAP over WebSockets upgrade
+/// (RFC 8323 4), go to `to` with their bytes still unread (the CoAP server
+/// does the upgrade and applies its own bounds), so `coap+ws` shares the
+/// HTTP port. Any other connection is the proxy's as before; telling them
+/// apart costs a `peek` of the first bytes, waited for at most the header
+/// timeout.
+#[derive(Clone)]
+pub struct Handoff {
+    /// Takes the connection and its peer; false when it refused it (the
+    /// connection is then closed).
+    pub to: Arc<dyn Fn(std::net::TcpStream, SocketAddr) -> bool + Send + Sync>,
+}
+
+/// The path of CoAP over WebSockets (RFC 8323 4.4).
+pub const COAP_WS_PATH: &str = "/.well-known/coap";
+
+/// Whether the first bytes on `stream` are `GET /.well-known/coap ` (read
+/// without taking them), waiting for them until `deadline`: false as soon
+/// as they differ, at the end of the stream, or at the deadline.
+async fn is_coap_ws(stream: &tokio::net::TcpStream, deadline: tokio::time::Instant) -> bool {
+    let want = format!("GET {COAP_WS_PATH} ");
+    let want = want.as_bytes();
+    let mut buf = [0u8; 32];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            _ => return false,
+        };
+        let m = n.min(want.len());
+        if n == 0 || buf[..m] != want[..m] {
+            return false;
+        }
+        if m == want.len() {
+            return true;
+        }
+        // the rest of the request line is on its way
+        if tokio::time::timeout_at(
+            deadline,
+            tokio::time::sleep(std::time::Duration::from_millis(5)),
+        )
+        .await
+        .is_err()
+        {
+            return false;
+        }
+    }
 }
 
 /// What the watchdog of one connection reads: requests started, requests in
@@ -190,15 +241,17 @@ pub async fn serve(
     limits: ConnLimits,
     shutdown: impl Future<Output = ()>,
 ) {
-    serve_counted(listener, app, limits, Arc::default(), shutdown).await
+    serve_counted(listener, app, limits, Arc::default(), None, shutdown).await
 }
 
-/// [`serve`], counting into `stats`.
+/// [`serve`], counting into `stats`, handing CoAP over WebSockets to
+/// `handoff` when given.
 pub async fn serve_counted(
     listener: TcpListener,
     app: Router,
     limits: ConnLimits,
     stats: Arc<ConnStats>,
+    handoff: Option<Handoff>,
     shutdown: impl Future<Output = ()>,
 ) {
     let counter = ConnCounter::new(limits.max_connections_per_source, limits.max_connections);
@@ -261,7 +314,24 @@ pub async fn serve_counted(
         let app = app.clone();
         let b = builder.clone();
         let stats = stats.clone();
+        let handoff = handoff.clone();
         tokio::spawn(async move {
+            if let Some(h) = handoff {
+                let deadline = tokio::time::Instant::now() + limits.header_timeout;
+                if is_coap_ws(&stream, deadline).await {
+                    stats.open.fetch_sub(1, Relaxed);
+                    drop(slot);
+                    match stream.into_std() {
+                        Ok(s) => {
+                            if (h.to)(s, peer) {
+                                stats.handed_off.fetch_add(1, Relaxed);
+                            }
+                        }
+                        Err(e) => tracing::debug!(%peer, error = %e, "handing a connection over"),
+                    }
+                    return;
+                }
+            }
             let activity = Arc::new(Activity {
                 start: tokio::time::Instant::now(),
                 started: AtomicU64::new(0),

@@ -78,6 +78,10 @@ pub struct ProxySection {
     pub session_cache: usize,
     /// Accept 0-RTT early data (safe methods only; others 425).
     pub early_data: bool,
+    /// The HTTP listener hands WebSocket upgrades to `/.well-known/coap`
+    /// to the gateway's CoAP over WebSockets (RFC 8323 4), so `coap+ws`
+    /// shares the HTTP port (`serve` only).
+    pub coap_ws: bool,
     /// OSCORE towards upstreams: `{ upstream = "ADDR:PORT", context =
     /// "FILE" }`, the context file as `mintgate get --oscore` takes it.
     pub oscore: Vec<ProxyOscore>,
@@ -126,6 +130,7 @@ impl Default for ProxySection {
             client_ca: None,
             session_cache: 4096,
             early_data: true,
+            coap_ws: true,
             oscore: Vec::new(),
         }
     }

@@ -88,7 +88,7 @@ impl Gateway {
             pool.clone(),
             Instant::now(),
         ));
-        let tcp_stats: Option<Arc<crate::coap_tcp::TcpStats>> = [
+        let tcp_stats: Option<Arc<crate::coap_tcp::TcpStats>> = ([
             &cfg.coap.tcp_bind,
             &cfg.coap.ws_bind,
             &cfg.coaps.tcp_bind,
@@ -96,6 +96,7 @@ impl Gateway {
         ]
         .iter()
         .any(|b| !b.is_empty())
+            || ws_on_http(&cfg))
         .then(Arc::default);
         // a connection that closes ends its Observe relations
         let outboxes = tcp_stats.as_ref().map(|st| {
@@ -239,7 +240,9 @@ impl Gateway {
             if !c.tcp_bind.is_empty() {
                 tcp = Some(start(&c.tcp_bind, Transport::Tcp)?);
             }
-            if !c.ws_bind.is_empty() {
+            // with no ws_bind of its own, a coap+ws server that only takes
+            // what the HTTP listener hands over
+            if !c.ws_bind.is_empty() || ws_on_http(&shared.cfg) {
                 ws = Some(start(&c.ws_bind, Transport::Ws)?);
             }
             let s = &shared.cfg.coaps;
@@ -292,6 +295,14 @@ impl Gateway {
     /// The bound `coaps+ws` addresses (`coaps.ws_bind`).
     pub fn tls_ws_addrs(&self) -> Vec<SocketAddr> {
         addrs_of(&self.tls_ws)
+    }
+
+    /// What takes the WebSocket upgrades to `/.well-known/coap` that the
+    /// HTTP listener hands over (`proxy.coap_ws`), when it is on.
+    pub fn ws_adopter(&self) -> Option<crate::coap_tcp::Adopter> {
+        ws_on_http(&self.shared.cfg)
+            .then(|| self.ws.as_ref().map(|w| w.adopter()))
+            .flatten()
     }
 
     /// The bound listener addresses (with the ports the OS chose for `:0`).
@@ -614,4 +625,10 @@ fn addrs_of(t: &Option<crate::coap_tcp::TcpServer>) -> Vec<SocketAddr> {
     t.as_ref()
         .map(|t| t.local_addrs().to_vec())
         .unwrap_or_default()
+}
+
+/// Whether the HTTP listener serves CoAP over WebSockets too: it runs
+/// (`proxy.http`) and `proxy.coap_ws` is on.
+fn ws_on_http(cfg: &Config) -> bool {
+    cfg.proxy.http.is_some() && cfg.proxy.coap_ws
 }
