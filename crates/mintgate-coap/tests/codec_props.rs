@@ -13,6 +13,12 @@
 //!
 //! Library bugs these properties found are kept as regression tests at the
 //! end of the file.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

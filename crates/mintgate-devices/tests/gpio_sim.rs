@@ -3,6 +3,12 @@
 //! gpio-sim needs configfs and the gpio-sim module (and root to create a
 //! chip). Where the kernel lacks them the tests are skipped with a message
 //! saying why, unless `MINTGATE_REQUIRE_GPIO_SIM` is set, then they fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,6 +3,12 @@
 //! when load falls. Its own test binary, and its tests take turns (`ONE`),
 //! so that the only `nr-*` and `htp-*` threads in the process are those of
 //! the test's gateway.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::net::UdpSocket;
 use std::sync::atomic::Ordering::Relaxed;

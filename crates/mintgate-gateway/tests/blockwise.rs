@@ -2,6 +2,12 @@
 //! loopback UDP: a PUT to `/echo` in blocks (Block1) and the value read
 //! back in blocks (Block2), the limits, a missing block, a retransmitted
 //! block, and a POST whose large answer is fetched with continuations.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;

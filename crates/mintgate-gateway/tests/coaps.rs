@@ -1,5 +1,11 @@
 //! coaps listeners on the Interaction pipeline: DTLS sessions in front of
 //! the same de-duplication, queue, handler pool and router as plain CoAP.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::Ordering::Relaxed;

@@ -3,6 +3,12 @@
 //! actuator (read back over CoAP), a direct-path `mqtt(TOPIC)` output, an
 //! observed CoAP resource of a second in-process gateway, and malformed
 //! commands counted without harm.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;

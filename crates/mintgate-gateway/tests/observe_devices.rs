@@ -1,5 +1,11 @@
 //! Devices as resources, Observe (RFC 7641), Block2 and `/links`, over
 //! real loopback UDP against an in-process gateway.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::Ordering::Relaxed;

@@ -5,6 +5,12 @@
 //! (Appendix B.1.2) with the sender sequence number never reused; Observe
 //! inside OSCORE (4.1.3.5); block-wise inside OSCORE and outside it
 //! (4.1.3.4).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};

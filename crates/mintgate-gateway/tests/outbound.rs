@@ -1,6 +1,12 @@
 //! The outbound client against an in-process gateway over loopback UDP:
 //! block-wise both ways, and the network cache (fresh hits without a
 //! datagram, revalidation with the ETag, invalidation by a PUT).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -6,6 +6,12 @@
 //!
 //! `mintgate lab overload` runs the full-size experiment (60 s, thousands
 //! of clients, a separate process, RSS sampled).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;

@@ -5,6 +5,12 @@
 //! response arrives as its own datagram. Either way every request is
 //! answered once, also when the clients share one socket (each on its own
 //! loopback address).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::time::Duration;
 

@@ -1,5 +1,11 @@
 //! End to end over the embedded broker (rumqttd): the publish queue, the
 //! plain baselines and the reordering subscriber, MQTT 3.1.1 and 5.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

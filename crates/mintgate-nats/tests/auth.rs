@@ -14,6 +14,12 @@
 //!
 //! Without nats-server the tests are skipped with a message, unless
 //! `MINTGATE_REQUIRE_PEERS` is set, in which case they fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 mod common;
 

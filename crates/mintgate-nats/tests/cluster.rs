@@ -6,6 +6,12 @@
 //! Without nats-server the tests are skipped with a message, unless
 //! `MINTGATE_REQUIRE_PEERS` is set, in which case they fail
 //! (scripts/test.sh installs it).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 mod common;
 

@@ -1,6 +1,12 @@
 //! Properties of the HTTP <-> CoAP mapping on arbitrary requests and
 //! responses: it answers or refuses with a 4xx/5xx (502 for responses),
 //! never panics, and what it produces stays within CoAP's and HTTP's rules.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use bytes::Bytes;
 use mintgate_coap::wire::{Code, OptionNumber};

@@ -3,6 +3,12 @@
 //! scripted CoAP server (each path behaves in one way the mapping must
 //! handle), so each rule of RFC 8075 and each limit is proven over real
 //! sockets.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)] // test code
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};

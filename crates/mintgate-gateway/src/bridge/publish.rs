@@ -425,7 +425,7 @@ mod tests {
             .try_iter()
             .map(|it| match it {
                 Item::Value { value, .. } => value,
-                _ => unreachable!(),
+                _ => panic!("not a value"),
             })
             .collect();
         assert_eq!(got, vec![0.0, 1.0], "the first ones, in order");
