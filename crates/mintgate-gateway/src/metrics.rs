@@ -346,27 +346,27 @@ pub fn render_prometheus(gw: &GatewayHandle) -> String {
             d.nt_max as f64,
         );
         f.one(
-            "mintgate_vta_p",
+            "mintgate_vta_threads_wanted",
             "gauge",
             "VTA: P_{t+1}, the threads the arrivals and backlog ask for.",
             d.p_next,
         );
         f.one(
-            "mintgate_vta_ht",
+            "mintgate_vta_completions_per_thread_second",
             "gauge",
             "VTA: HT_t, completions per busy thread-second.",
             d.ht_t,
         );
         f.one(
-            "mintgate_vta_pd",
+            "mintgate_vta_backlog_growth_threads",
             "gauge",
-            "VTA: PD_t = (R_t - H_t) / HT_t.",
+            "VTA: PD_t = (R_t - H_t) / HT_t, the threads' worth of requests the backlog grew by.",
             d.pd_t,
         );
         f.one(
-            "mintgate_vta_q",
+            "mintgate_vta_queue_threads",
             "gauge",
-            "VTA: Q_t = (QS_t + e_t) / (HT_t * W).",
+            "VTA: Q_t = (QS_t + e_t) / (HT_t * W), the threads that would drain the queue within W.",
             d.q_t,
         );
         f.one(
