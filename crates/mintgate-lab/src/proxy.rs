@@ -357,43 +357,9 @@ pub fn lab_proxy(o: &ProxyLabOptions) -> anyhow::Result<Summary> {
     };
 
     let csv = c.out.join("proxy.csv");
-    let mut text =
-        String::from("loss_pct,protocol,mode,interval,coap_rtt_ms,total_rtt_ms,internet_rtt_ms\n");
-    for case in &cases {
-        for (k, r) in case.intervals().iter().enumerate() {
-            let _ = writeln!(
-                text,
-                "{},{},{},{},{:.3},{:.3},{:.3}",
-                case.loss_pct,
-                case.proto.name(),
-                case.mode.name(),
-                k + 1,
-                r[0],
-                r[1],
-                r[2]
-            );
-        }
-    }
-    write_file(&csv, &text)?;
+    write_file(&csv, &intervals_csv(&cases))?;
     let shared_csv = c.out.join("proxy_shared.csv");
-    let mut text =
-        String::from("loss_pct,protocol,mode,interval,coap_rtt_ms,total_rtt_ms,internet_rtt_ms\n");
-    for case in &shared {
-        for (k, r) in case.intervals().iter().enumerate() {
-            let _ = writeln!(
-                text,
-                "{},{},{},{},{:.3},{:.3},{:.3}",
-                case.loss_pct,
-                case.proto.name(),
-                case.mode.name(),
-                k + 1,
-                r[0],
-                r[1],
-                r[2]
-            );
-        }
-    }
-    write_file(&shared_csv, &text)?;
+    write_file(&shared_csv, &intervals_csv(&shared))?;
     let svg = c.out.join("proxy.svg");
     plot(&svg, &cases)?;
     let (table, met) = report(&cases, &shared, requests, o, link_stats, bench.as_ref());
@@ -1123,4 +1089,27 @@ pub fn bench(quick: bool, progress: &crate::ProgressFn) -> anyhow::Result<BenchF
         concurrency,
         duration,
     })
+}
+
+/// One CSV row per case and one-second interval: its RTTs (CoAP, total,
+/// Internet), ms.
+fn intervals_csv(cases: &[Case]) -> String {
+    let mut text =
+        String::from("loss_pct,protocol,mode,interval,coap_rtt_ms,total_rtt_ms,internet_rtt_ms\n");
+    for case in cases {
+        for (k, r) in case.intervals().iter().enumerate() {
+            let _ = writeln!(
+                text,
+                "{},{},{},{},{:.3},{:.3},{:.3}",
+                case.loss_pct,
+                case.proto.name(),
+                case.mode.name(),
+                k + 1,
+                r[0],
+                r[1],
+                r[2]
+            );
+        }
+    }
+    text
 }
