@@ -26,7 +26,7 @@ use bytes::Bytes;
 use mintgate_coap::cache::{self, Cache, CacheKey, Lookup};
 use mintgate_coap::client::blockwise::{BlockConfig, BlockError, Response, Step, Transfer};
 use mintgate_coap::client::{Client, ClientConfig, Event, Request, RequestError};
-use mintgate_coap::oscore::client::{AnswerError, Sealer};
+use mintgate_coap::oscore::client::{AnswerError, Outer, Sealer};
 use mintgate_coap::rto::RtoController;
 use mintgate_coap::wire::{encode_uint, Code, MessageType, OptionNumber};
 use mintgate_dtls::{ClientSettings, DtlsClient, DtlsError};
@@ -357,17 +357,32 @@ impl Outbound {
                 match ev {
                     Event::Timeout { .. } => return Err(OutboundError::Timeout),
                     Event::Reset { .. } => return Err(OutboundError::Reset),
-                    ev @ Event::Response { .. } => match t.on_event(open(&mut sealer, ev)?) {
-                        Some(Step::Send(next)) => {
-                            self.client
-                                .request(Instant::now(), dest, seal(&mut sealer, next)?)?;
-                            self.stats.exchanges += 1;
-                            continue;
+                    ev @ Event::Response { .. } => {
+                        let ev = match open(&mut sealer, ev)? {
+                            Outer::Whole(ev) => ev,
+                            // a proxy's outer block of a protected answer:
+                            // the same protected request for the next one
+                            Outer::Next(again) => {
+                                self.client.request(Instant::now(), dest, again)?;
+                                self.stats.exchanges += 1;
+                                continue;
+                            }
+                        };
+                        match t.on_event(ev) {
+                            Some(Step::Send(next)) => {
+                                self.client.request(
+                                    Instant::now(),
+                                    dest,
+                                    seal(&mut sealer, next)?,
+                                )?;
+                                self.stats.exchanges += 1;
+                                continue;
+                            }
+                            Some(Step::Done(r)) => return Ok(r),
+                            Some(Step::Failed(e)) => return Err(e.into()),
+                            None => return Err(OutboundError::Timeout),
                         }
-                        Some(Step::Done(r)) => return Ok(r),
-                        Some(Step::Failed(e)) => return Err(e.into()),
-                        None => return Err(OutboundError::Timeout),
-                    },
+                    }
                 }
             }
             let now = Instant::now();
@@ -429,14 +444,14 @@ fn seal(sealer: &mut Option<&mut Sealer<'_>>, r: Request) -> Result<Request, Out
 }
 
 /// A response verified by `sealer` (when there is one) as its inner
-/// response.
-fn open(sealer: &mut Option<&mut Sealer<'_>>, ev: Event) -> Result<Event, OutboundError> {
+/// response, or the request that asks for its next outer block.
+fn open(sealer: &mut Option<&mut Sealer<'_>>, ev: Event) -> Result<Outer, OutboundError> {
     match sealer.as_deref_mut() {
         Some(s) => s.open_event(ev).map_err(|e| match e {
             AnswerError::Unprotected { code, payload } => OutboundError::Refused { code, payload },
             AnswerError::Oscore(e) => OutboundError::Oscore(e),
         }),
-        None => Ok(ev),
+        None => Ok(Outer::Whole(ev)),
     }
 }
 

@@ -3,8 +3,8 @@
 //! `access.write = "oscore"` policy, replays and tampering refused, and the
 //! Echo round trip that rebuilds the replay window after a restart
 //! (Appendix B.1.2) with the sender sequence number never reused; Observe
-//! inside OSCORE (4.1.3.5); block-wise inside OSCORE and outside it
-//! (4.1.3.4).
+//! inside OSCORE (4.1.3.5); block-wise inside OSCORE and outside it, on
+//! the server's side and the client's (4.1.3.4).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -603,5 +603,121 @@ fn an_oscore_message_in_outer_blocks_is_verified_whole() {
     let ip = Packet::new_checked(&inner[..]).unwrap();
     assert_eq!(ip.code(), Code::CHANGED);
     assert_eq!(ip.payload(), format!("2500 {sum}").as_bytes());
+    gw.shutdown();
+}
+
+/// A proxy of the test's own (RFC 8613 4.1.3.4.2 lets proxies do this)
+/// between a client and the gateway: it forwards each protected request and
+/// cuts the protected answer into outer Block2 blocks of 64 bytes, serving
+/// the later blocks from what it kept when the same request comes again
+/// with an outer Block2. Returns its address; it ends after `life`.
+fn cutting_proxy(gateway: SocketAddr, life: Duration) -> SocketAddr {
+    let front = UdpSocket::bind("127.0.0.1:0").unwrap();
+    front
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let addr = front.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let back = socket();
+        let end = Instant::now() + life;
+        // the answer being served: code, options, protected payload
+        let mut kept: Option<mintgate_coap::oscore::client::Inner> = None;
+        let mut buf = [0u8; 2048];
+        while Instant::now() < end {
+            let Ok((n, client)) = front.recv_from(&mut buf) else {
+                continue;
+            };
+            let req = Packet::new_checked(&buf[..n]).unwrap();
+            let asked = req
+                .option(OptionNumber::BLOCK2)
+                .and_then(|o| mintgate_coap::wire::decode_uint(o.value))
+                .map_or(0, |v| v >> 4);
+            if asked == 0 {
+                let answer = exchange(&back, gateway, &buf[..n]);
+                let a = Packet::new_checked(&answer[..]).unwrap();
+                kept = Some((
+                    a.code(),
+                    a.options().map(|o| (o.number, o.value.to_vec())).collect(),
+                    a.payload().to_vec(),
+                ));
+            }
+            let (code, opts, body) = kept.as_ref().unwrap();
+            let start = (asked as usize * 64).min(body.len());
+            let end_at = (start + 64).min(body.len());
+            let more = end_at < body.len();
+            let mut opts = opts.clone();
+            opts.push((
+                OptionNumber::BLOCK2,
+                uint(asked << 4 | u32::from(more) << 3 | 2),
+            ));
+            opts.sort_by_key(|(n, _)| *n);
+            let mut out = vec![0u8; 2048];
+            let mut w = MessageWriter::new(
+                &mut out,
+                MessageType::Ack,
+                *code,
+                req.message_id(),
+                req.token(),
+            )
+            .unwrap();
+            for (n, v) in &opts {
+                w.option(*n, v).unwrap();
+            }
+            w.payload(&body[start..end_at]).unwrap();
+            let len = w.finish();
+            front.send_to(&out[..len], client).unwrap();
+        }
+    });
+    addr
+}
+
+/// The client side of outer blocks (RFC 8613 4.1.3.4.2): an answer that a
+/// proxy cut into outer Block2 blocks is put back together by asking for
+/// each block with the same protected request, and verified once whole;
+/// here under inner blocks too (each inner block of `big` a protected
+/// request, each of its answers in 17 outer blocks).
+#[test]
+fn a_client_puts_outer_blocks_together_before_it_verifies() {
+    use mintgate_coap::client::blockwise::BlockConfig;
+    use mintgate_coap::client::{ClientConfig, Request};
+    use mintgate_coap::oscore::client::Sealer;
+    use mintgate_coap::rto::{Basic, TransmissionParams};
+    use mintgate_gateway::outbound::Outbound;
+
+    let d = dir("outer-block2");
+    let (gw, to) = start(config(&d));
+    let proxy = cutting_proxy(to, Duration::from_secs(20));
+    let p = TransmissionParams::default();
+    let mut out = Outbound::new(
+        false,
+        ClientConfig::new(p),
+        Box::new(Basic::new(p, 3)),
+        3,
+        BlockConfig::default(),
+    )
+    .unwrap();
+    let mut c = client();
+    let got = out
+        .request_sealed(
+            proxy,
+            Request {
+                confirmable: true,
+                code: Code::GET,
+                options: vec![(OptionNumber::URI_PATH, b"big".to_vec())],
+                payload: Vec::new(),
+            },
+            &mut Sealer::new(&mut c),
+            Instant::now() + Duration::from_secs(15),
+        )
+        .expect("the whole body, verified");
+    assert_eq!(got.response.code, Code::CONTENT);
+    assert!(got.response.payload[..] == BIG[..]);
+    // every outer block is an exchange: each of the three full inner
+    // blocks (1024 bytes and the protection) alone is 17 of 64 bytes
+    assert!(
+        out.stats().exchanges >= 3 * 17,
+        "{} exchanges",
+        out.stats().exchanges
+    );
     gw.shutdown();
 }

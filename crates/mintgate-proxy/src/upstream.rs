@@ -394,35 +394,57 @@ struct Pending {
     transfer: Transfer,
     /// With OSCORE: the context, and what the exchange in flight was
     /// protected as.
-    sealed: Option<(Arc<Mutex<Context>>, Option<RequestId>)>,
+    sealed: Option<Sealed>,
+}
+
+/// A transfer's OSCORE state: the context, the protected request in
+/// flight and its id, and an answer's outer blocks so far.
+struct Sealed {
+    ctx: Arc<Mutex<Context>>,
+    sent: Option<(Request, RequestId)>,
+    outer: oscore::client::OuterBlocks,
 }
 
 impl Pending {
     /// `r` protected when the transfer is, as the exchange to start next.
     fn seal(&mut self, r: Request) -> Result<Request, UpstreamError> {
-        let Some((ctx, last)) = &mut self.sealed else {
+        let Some(s) = &mut self.sealed else {
             return Ok(r);
         };
-        let (outer, id) = oscore::client::protect(&mut ctx.lock(), &r)
+        let (outer, id) = oscore::client::protect(&mut s.ctx.lock(), &r)
             .map_err(|e| UpstreamError::Oscore(e.to_string()))?;
-        *last = Some(id);
+        s.sent = Some((outer.clone(), id));
+        s.outer = oscore::client::OuterBlocks::default();
         Ok(outer)
     }
 
     /// The answer to the exchange in flight, verified when it was
-    /// protected.
-    fn open(&self, ev: Event) -> Result<Event, UpstreamError> {
-        let Some((ctx, Some(id))) = &self.sealed else {
-            return Ok(ev);
+    /// protected; or, for a block of an answer a proxy cut into outer
+    /// blocks, the request for the next block.
+    fn open(&mut self, ev: Event) -> Result<oscore::client::Outer, UpstreamError> {
+        use oscore::client::{AnswerError, Outer};
+        let Some(Sealed {
+            ctx,
+            sent: Some((sent, id)),
+            outer,
+        }) = &mut self.sealed
+        else {
+            return Ok(Outer::Whole(ev));
         };
-        oscore::client::open_event(&ctx.lock(), id, ev).map_err(|e| {
+        let failed = |e: AnswerError| {
             UpstreamError::Oscore(match e {
-                oscore::client::AnswerError::Unprotected { code, .. } => {
+                AnswerError::Unprotected { code, .. } => {
                     format!("it refused the protected request: {code}")
                 }
-                oscore::client::AnswerError::Oscore(e) => e.to_string(),
+                AnswerError::Oscore(e) => e.to_string(),
             })
-        })
+        };
+        match outer.on_event(sent, ev).map_err(failed)? {
+            Outer::Whole(ev) => oscore::client::open_event(&ctx.lock(), id, ev)
+                .map(Outer::Whole)
+                .map_err(failed),
+            next => Ok(next),
+        }
     }
 }
 
@@ -528,9 +550,11 @@ impl Task {
         };
         // a request the HTTP client protected itself goes as it is
         let sealed = match self.oscore.0.get(&c.dest) {
-            Some(ctx) if !req.options.iter().any(|(n, _)| *n == oscore::OSCORE) => {
-                Some((ctx.clone(), None))
-            }
+            Some(ctx) if !req.options.iter().any(|(n, _)| *n == oscore::OSCORE) => Some(Sealed {
+                ctx: ctx.clone(),
+                sent: None,
+                outer: oscore::client::OuterBlocks::default(),
+            }),
             _ => None,
         };
         let (transfer, first) = Transfer::new(req, self.block);
@@ -591,9 +615,24 @@ impl Task {
                         Err(UpstreamError::Timeout)
                     }
                     Event::Reset { .. } => Err(UpstreamError::Reset),
-                    ev => match p.open(ev).map(|ev| p.transfer.on_event(ev)) {
+                    ev => match p.open(ev).map(|o| match o {
+                        oscore::client::Outer::Whole(ev) => Ok(p.transfer.on_event(ev)),
+                        oscore::client::Outer::Next(again) => Err(again),
+                    }) {
                         Err(e) => Err(e),
-                        Ok(Some(Step::Send(next))) => {
+                        // a proxy's outer block: the same protected request
+                        // for the next one; the request keeps its slot
+                        Ok(Err(again)) => {
+                            match self.client.request(Instant::now(), p.dest, again) {
+                                Ok(id) => {
+                                    self.pending.insert(id, p);
+                                    continued = true;
+                                    continue;
+                                }
+                                Err(e) => Err(UpstreamError::Request(e.to_string())),
+                            }
+                        }
+                        Ok(Ok(Some(Step::Send(next)))) => {
                             // the next block: the request keeps its slot
                             if p.reply.is_closed() {
                                 Err(UpstreamError::Io("abandoned".into()))
@@ -612,7 +651,7 @@ impl Task {
                                 }
                             }
                         }
-                        Ok(Some(Step::Done(r))) => Ok(UpstreamResponse {
+                        Ok(Ok(Some(Step::Done(r)))) => Ok(UpstreamResponse {
                             response: CoapResponse {
                                 code: r.code,
                                 options: r.options,
@@ -621,8 +660,8 @@ impl Task {
                             rtt: r.rtt,
                             retransmissions: r.retransmissions,
                         }),
-                        Ok(Some(Step::Failed(e))) => Err(UpstreamError::Block(e.to_string())),
-                        Ok(None) => Err(UpstreamError::Io(
+                        Ok(Ok(Some(Step::Failed(e)))) => Err(UpstreamError::Block(e.to_string())),
+                        Ok(Ok(None)) => Err(UpstreamError::Io(
                             "an exchange ended without an answer".into(),
                         )),
                     },

@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use super::{Context, Error, RequestId};
 use crate::client::{Event, Request};
+use crate::server::block::BlockOpt;
 use crate::wire::{Code, MessageType, MessageWriter, OptionNumber, Packet};
 
 /// An inner answer: code, options, payload.
@@ -122,6 +123,106 @@ pub fn open_event(ctx: &Context, id: &RequestId, ev: Event) -> Result<Event, Ans
     })
 }
 
+/// Largest protected answer put together from outer blocks, bytes: the
+/// MAX_UNFRAGMENTED_SIZE of RFC 8613 4.1.3.4.2 (4096, as Californium
+/// uses); a longer one is discarded.
+pub const MAX_UNFRAGMENTED_SIZE: usize = 4096;
+
+/// What to do with an answer to a protected request.
+#[derive(Debug)]
+pub enum Outer {
+    /// The answer is whole (it came in one message, or its outer blocks
+    /// are all in): verify it.
+    Whole(Event),
+    /// It is a block of an answer that a proxy cut into outer Block2 blocks
+    /// (RFC 8613 4.1.3.4.2): send this, the protected request again (the
+    /// same message: no new Partial IV) with the outer Block2 of the next
+    /// block.
+    Next(Request),
+}
+
+/// An answer cut into outer Block2 blocks, put back together before it is
+/// verified (RFC 8613 4.1.3.4.2: the blocks are outside the protection, so
+/// nothing about them can be checked until the whole answer verifies).
+/// Bounded by [`MAX_UNFRAGMENTED_SIZE`].
+#[derive(Debug, Default)]
+pub struct OuterBlocks {
+    body: Vec<u8>,
+}
+
+impl OuterBlocks {
+    /// Takes the answer `ev` to the protected request `sent`.
+    pub fn on_event(&mut self, sent: &Request, ev: Event) -> Result<Outer, AnswerError> {
+        let Event::Response {
+            id,
+            code,
+            msg_type,
+            options,
+            payload,
+            rtt,
+            retransmissions,
+        } = ev
+        else {
+            return Ok(Outer::Whole(ev));
+        };
+        let block2 = options
+            .iter()
+            .find(|(n, _)| *n == OptionNumber::BLOCK2)
+            .map(|(_, v)| crate::wire::decode_uint(v).and_then(BlockOpt::decode));
+        let b = match block2 {
+            None if self.body.is_empty() => {
+                return Ok(Outer::Whole(Event::Response {
+                    id,
+                    code,
+                    msg_type,
+                    options,
+                    payload,
+                    rtt,
+                    retransmissions,
+                }))
+            }
+            Some(Some(b)) => b,
+            // a later block without Block2, or a malformed one
+            _ => return Err(AnswerError::Oscore(Error::Malformed)),
+        };
+        if b.num as usize * b.size() != self.body.len()
+            || self.body.len() + payload.len() > MAX_UNFRAGMENTED_SIZE
+        {
+            self.body.clear();
+            return Err(AnswerError::Oscore(Error::TooLarge));
+        }
+        self.body.extend_from_slice(&payload);
+        if b.more {
+            let mut next = sent.clone();
+            next.options.retain(|(n, _)| *n != OptionNumber::BLOCK2);
+            let mut v = [0u8; 4];
+            let next_num = BlockOpt {
+                num: b.num + 1,
+                more: false,
+                szx: b.szx,
+            };
+            next.options.push((
+                OptionNumber::BLOCK2,
+                crate::wire::encode_uint(next_num.encode(), &mut v).to_vec(),
+            ));
+            return Ok(Outer::Next(next));
+        }
+        let body = std::mem::take(&mut self.body);
+        Ok(Outer::Whole(Event::Response {
+            id,
+            code,
+            msg_type,
+            options: options
+                .into_iter()
+                .filter(|(n, _)| *n != OptionNumber::BLOCK2 && *n != OptionNumber::SIZE2)
+                .collect(),
+            payload: Bytes::from(body),
+            rtt,
+            retransmissions,
+        }))
+    }
+}
+
 /// OSCORE under a block-wise transfer ([`crate::client::blockwise`]): each
 /// request the transfer hands out is protected on its own, with a Partial
 /// IV of its own, and each answer verified against the request it answers.
@@ -132,18 +233,28 @@ pub fn open_event(ctx: &Context, id: &RequestId, ev: Event) -> Result<Event, Ans
 pub struct Sealer<'a> {
     ctx: &'a mut Context,
     pending: Option<RequestId>,
+    /// The protected request sent last (asked again for outer blocks).
+    sent: Option<Request>,
+    outer: OuterBlocks,
 }
 
 impl<'a> Sealer<'a> {
     /// Requests protected with `ctx`.
     pub fn new(ctx: &'a mut Context) -> Sealer<'a> {
-        Sealer { ctx, pending: None }
+        Sealer {
+            ctx,
+            pending: None,
+            sent: None,
+            outer: OuterBlocks::default(),
+        }
     }
 
     /// Protects `req`; its answer is the next one [`Sealer::open`] takes.
     pub fn seal(&mut self, req: &Request) -> Result<Request, Error> {
         let (outer, id) = protect(self.ctx, req)?;
         self.pending = Some(id);
+        self.sent = Some(outer.clone());
+        self.outer = OuterBlocks::default();
         Ok(outer)
     }
 
@@ -159,12 +270,16 @@ impl<'a> Sealer<'a> {
         unprotect(self.ctx, code, options, payload, id)
     }
 
-    /// [`open_event`] for the exchange of the request sealed last.
-    pub fn open_event(&mut self, ev: Event) -> Result<Event, AnswerError> {
-        let id = self
-            .pending
-            .as_ref()
-            .ok_or(AnswerError::Oscore(Error::Malformed))?;
-        open_event(self.ctx, id, ev)
+    /// The answer to the request sealed last: [`Outer::Next`] while a
+    /// proxy's outer blocks come in ([`OuterBlocks`]), then the whole
+    /// answer verified ([`open_event`]) as [`Outer::Whole`].
+    pub fn open_event(&mut self, ev: Event) -> Result<Outer, AnswerError> {
+        let (Some(id), Some(sent)) = (&self.pending, &self.sent) else {
+            return Err(AnswerError::Oscore(Error::Malformed));
+        };
+        match self.outer.on_event(sent, ev)? {
+            Outer::Whole(ev) => open_event(self.ctx, id, ev).map(Outer::Whole),
+            next => Ok(next),
+        }
     }
 }

@@ -565,3 +565,89 @@ fn a_sealer_opens_only_the_answer_to_its_last_request() {
     let (c2, _, p2) = sealer.open(code2, &o2, &payload2).unwrap();
     assert_eq!((c2, p2.as_slice()), (Code::CONTENT, &b"block 1"[..]));
 }
+
+/// Outer blocks of an answer are taken only in order and only up to
+/// MAX_UNFRAGMENTED_SIZE; the request for the next block is the protected
+/// request again with the next outer Block2.
+#[test]
+fn outer_blocks_come_in_order_and_bounded() {
+    use crate::client::{Event, ExchangeId, Request};
+    use crate::wire::{Code, MessageType, OptionNumber};
+    use bytes::Bytes;
+    let sent = Request {
+        confirmable: true,
+        code: Code::POST,
+        options: vec![(OSCORE, vec![0x09, 0x01])],
+        payload: b"ciphertext".to_vec(),
+    };
+    // ExchangeId has no public constructor: take one from a real exchange
+    let mut cl = crate::client::Client::new(
+        crate::client::ClientConfig::new(crate::rto::TransmissionParams::default()),
+        Box::new(crate::rto::Basic::new(
+            crate::rto::TransmissionParams::default(),
+            1,
+        )),
+        1,
+    );
+    let id: ExchangeId = cl
+        .request(
+            std::time::Instant::now(),
+            "127.0.0.1:5683".parse().unwrap(),
+            sent.clone(),
+        )
+        .unwrap();
+    let block = |num: u32, more: bool, len: usize| Event::Response {
+        id,
+        code: Code::CHANGED,
+        msg_type: MessageType::Ack,
+        options: vec![
+            (OSCORE, Bytes::new()),
+            (
+                OptionNumber::BLOCK2,
+                Bytes::from(
+                    crate::wire::encode_uint(num << 4 | u32::from(more) << 3 | 2, &mut [0; 4])
+                        .to_vec(),
+                ),
+            ),
+        ],
+        payload: Bytes::from(vec![7u8; len]),
+        rtt: std::time::Duration::ZERO,
+        retransmissions: 0,
+    };
+    let mut ob = client::OuterBlocks::default();
+    match ob.on_event(&sent, block(0, true, 64)).unwrap() {
+        client::Outer::Next(r) => {
+            assert_eq!(r.payload, sent.payload, "the same protected request");
+            assert!(r
+                .options
+                .iter()
+                .any(|(n, v)| *n == OptionNumber::BLOCK2 && v == &vec![0x12]));
+        }
+        other => panic!("{other:?}"),
+    }
+    // block 2 before block 1: refused
+    assert!(ob.on_event(&sent, block(2, true, 64)).is_err());
+    // in order, the last one makes the whole answer without Block2
+    let mut ob = client::OuterBlocks::default();
+    let _ = ob.on_event(&sent, block(0, true, 64)).unwrap();
+    match ob.on_event(&sent, block(1, false, 10)).unwrap() {
+        client::Outer::Whole(Event::Response {
+            options, payload, ..
+        }) => {
+            assert_eq!(payload.len(), 74);
+            assert!(options.iter().all(|(n, _)| *n != OptionNumber::BLOCK2));
+        }
+        other => panic!("{other:?}"),
+    }
+    // beyond MAX_UNFRAGMENTED_SIZE: refused
+    let mut ob = client::OuterBlocks::default();
+    let mut refused = false;
+    for num in 0..(client::MAX_UNFRAGMENTED_SIZE / 64 + 2) as u32 {
+        if ob.on_event(&sent, block(num, true, 64)).is_err() {
+            refused = true;
+            assert_eq!(num as usize, client::MAX_UNFRAGMENTED_SIZE / 64);
+            break;
+        }
+    }
+    assert!(refused);
+}
