@@ -63,15 +63,8 @@ head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$FIX/secret.hex"
 } >"$FIX/gw.toml"
 CONTEXTS=$(ls "$FIX"/client/ctx*.toml | paste -sd,)
 
-PIDS=()
-stop_servers() {
-    for p in "${PIDS[@]}"; do
-        kill "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-    PIDS=()
-}
-trap stop_servers EXIT INT TERM
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 
 answers() { coap-client-notls -B 1 -m get "$1" 2>/dev/null | grep -q 'hello world'; }
 
@@ -102,8 +95,6 @@ wait_up() {
     cat "$OUT"/*.log >&2
     exit 1
 }
-
-cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat" 2>/dev/null || echo "0 0"; }
 
 # one CASE ROUND WHO PID BENCH-ARGS...
 one() {
@@ -151,27 +142,12 @@ for r in $(seq "$ROUNDS"); do
 done
 
 python3 - "$OUT" "$ROUNDS" "$WARMUP" "$(getconf CLK_TCK)" <<'PY'
-import json, re, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-m = re.fullmatch(r"([0-9.]+)(ms|s)", sys.argv[3])
-warmup = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1) if m else 0.0
-tick = 1.0 / int(sys.argv[4])
-def load(case, r, s):
-    try:
-        return json.load(open(f"{out}/{case}-{r}-{s}.json"))
-    except Exception:
-        return None
-def cpu_per_request(case, r, s, res):
-    try:
-        a, b = open(f"{out}/{case}-{r}-{s}.cpu").read().split("\n")[:2]
-        (u0, s0), (u1, s1) = map(int, a.split()), map(int, b.split())
-    except Exception:
-        return None
-    n = res["requests_per_sec"] * (res["duration_s"] + warmup)
-    if n <= 0:
-        return None
-    us = 1e6 / n
-    return ((u1 - u0) * tick * us, (s1 - s0) * tick * us, res["generator_cpu_s"] * us)
+import statistics, sys
+sys.path.insert(0, "scripts")
+from bench_common import Run
+run = Run(sys.argv[1], sys.argv[3], sys.argv[4])
+rounds = int(sys.argv[2])
+load, cpu_per_request = run.load, run.cpu_per_request
 cases = [
     ("oscore", "OSCORE GET /request vs plain CoAP, same gateway, closed loop", "plain", "oscore", 0.5),
     ("tcp", "coap+tcp GET /request, closed loop: mintgate vs libcoap", "libcoap", "mintgate", 2.0),

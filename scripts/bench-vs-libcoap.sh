@@ -76,15 +76,8 @@ BIN=$PWD/target/release/mintgate
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 
-PIDS=()
-stop_servers() {
-    for p in "${PIDS[@]}"; do
-        kill "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-    PIDS=()
-}
-trap stop_servers EXIT INT TERM
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 
 answers() { coap-client-notls -B 1 -m get "coap://$1/request" 2>/dev/null | grep -q 'hello world'; }
 
@@ -107,9 +100,6 @@ start_servers() {
     cat "$OUT/libcoap.log" "$OUT/mintgate.log" >&2
     exit 1
 }
-
-# cpu_ticks PID: "user system" CPU time of a process so far, in clock ticks.
-cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat" 2>/dev/null || echo "0 0"; }
 
 # run_case NAME BENCH-ARGS...: ROUNDS rounds, fresh servers, alternating order.
 run_case() {
@@ -154,30 +144,12 @@ fi
 LC_PREFIX="chrt -b 0" run_case conlcbatch --con --clients 100 --window 1
 
 python3 - "$OUT" "$ROUNDS" "$WARMUP" "$(getconf CLK_TCK)" <<'PY'
-import json, re, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-m = re.fullmatch(r"([0-9.]+)(ms|s)", sys.argv[3])
-warmup = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1) if m else 0.0
-tick = 1.0 / int(sys.argv[4])
-def cpu_per_request(case, r, s, res):
-    # server user and system CPU, and the generator's CPU, per request; the
-    # CPU times cover the warm-up too, so the requests are estimated as the
-    # measured rate over warm-up plus measured time
-    try:
-        a, b = open(f"{out}/{case}-{r}-{s}.cpu").read().split("\n")[:2]
-        (u0, s0), (u1, s1) = map(int, a.split()), map(int, b.split())
-    except Exception:
-        return None
-    n = res["requests_per_sec"] * (res["duration_s"] + warmup)
-    if n <= 0:
-        return None
-    us = 1e6 / n
-    return ((u1 - u0) * tick * us, (s1 - s0) * tick * us, res["generator_cpu_s"] * us)
-def load(case, r, s):
-    try:
-        return json.load(open(f"{out}/{case}-{r}-{s}.json"))
-    except Exception:
-        return None
+import statistics, sys
+sys.path.insert(0, "scripts")
+from bench_common import Run
+run = Run(sys.argv[1], sys.argv[3], sys.argv[4])
+rounds = int(sys.argv[2])
+load, cpu_per_request = run.load, run.cpu_per_request
 cases = [
     ("non", "NON GET /request, closed loop (saturating)", "rps", 2.5),
     ("con", "CON GET /request, 100 clients x 1 outstanding", "rps", 2.0),
