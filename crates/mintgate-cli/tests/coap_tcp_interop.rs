@@ -450,6 +450,33 @@ fn coap_over_websockets_shares_the_http_port() {
     // WebSocket server refuses the handshake
     let (st, _, _) = common::http(web, "GET", "/.well-known/coap", &[], b"");
     assert_ne!(st, 200);
+    // web pages: another origin, or a Host that is not the gateway's (DNS
+    // rebinding), is refused; the gateway's own origin is not
+    let upgrade = |extra: &str| {
+        let mut t = TcpStream::connect(("127.0.0.1", web)).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            t,
+            "GET /.well-known/coap HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Protocol: coap\r\n{extra}\r\n"
+        )
+        .unwrap();
+        let mut head = [0u8; 12];
+        t.read_exact(&mut head).unwrap();
+        String::from_utf8_lossy(&head[9..12]).into_owned()
+    };
+    let own = format!("Host: 127.0.0.1:{web}\r\n");
+    assert_eq!(
+        upgrade(&format!("{own}Origin: http://evil.example\r\n")),
+        "403"
+    );
+    assert_eq!(upgrade("Host: evil.example:8080\r\n"), "403");
+    assert_eq!(
+        upgrade(&format!("{own}Origin: http://127.0.0.1:{web}\r\n")),
+        "101"
+    );
+    assert_eq!(upgrade(&own), "101");
     s.terminate(Duration::from_secs(10));
 
     let web = free_tcp();

@@ -105,6 +105,9 @@ pub struct TcpSettings {
     pub connection: ConnectionConfig,
     /// Nothing received for this long: Release and close.
     pub idle_timeout: Duration,
+    /// Host names (besides IP literals and `localhost`) a WebSocket
+    /// upgrade's `Host` and `Origin` may carry (`proxy.allowed_hosts`).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Counters of the CoAP-over-TCP listeners.
@@ -712,12 +715,18 @@ impl<S: Write> Write for Metered<S> {
 }
 
 /// The upgrade check of RFC 8323 4.3: the well-known path and the `coap`
-/// subprotocol, which the answer then names.
+/// subprotocol, which the answer then names. Against web pages (a browser
+/// lets any page open a WebSocket anywhere, and read the answers): an
+/// upgrade that carries an `Origin` (browsers always send one; CoAP
+/// clients such as aiocoap and mintgate's send none) must come from the
+/// origin it is made to, and `Host` must be an IP literal, `localhost` or
+/// one of `allowed` (against DNS rebinding); else 403.
 // the shape of tungstenite's handshake Callback, called once per upgrade
 #[allow(clippy::result_large_err)]
 fn ws_upgrade(
     req: &tungstenite::handshake::server::Request,
     mut resp: tungstenite::handshake::server::Response,
+    allowed: &[String],
 ) -> Result<tungstenite::handshake::server::Response, tungstenite::handshake::server::ErrorResponse>
 {
     use tungstenite::http::{HeaderValue, Response, StatusCode};
@@ -726,6 +735,29 @@ fn ws_upgrade(
         *r.status_mut() = code;
         r
     };
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+    };
+    let host = header("host");
+    if !mintgate_coap::uri::host_allowed(host, allowed) {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            "this Host is not one of the gateway's names (proxy.allowed_hosts)",
+        ));
+    }
+    if let Some(origin) = header("origin") {
+        let same = origin
+            .split_once("://")
+            .is_some_and(|(_, rest)| Some(rest.trim_end_matches('/')) == host);
+        if !same {
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                "CoAP over WebSockets is not open to web pages of other origins",
+            ));
+        }
+    }
     if req.uri().path() != "/.well-known/coap" {
         return Err(refuse(
             StatusCode::NOT_FOUND,
@@ -789,7 +821,12 @@ fn run_ws<S: Read + Write + Shut>(
         read: 0,
         budget: WS_MAX_HANDSHAKE as u64,
     };
-    let mut hs = tungstenite::accept_hdr_with_config(metered, ws_upgrade, Some(cfg));
+    let allowed = &set.allowed_hosts;
+    // the shape of tungstenite's handshake Callback
+    #[allow(clippy::result_large_err)]
+    let check =
+        |req: &tungstenite::handshake::server::Request, resp| ws_upgrade(req, resp, allowed);
+    let mut hs = tungstenite::accept_hdr_with_config(metered, check, Some(cfg));
     let mut ws = loop {
         match hs {
             Ok(ws) => break ws,

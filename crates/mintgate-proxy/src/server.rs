@@ -316,8 +316,10 @@ pub async fn serve_counted(
         let stats = stats.clone();
         let handoff = handoff.clone();
         tokio::spawn(async move {
+            // the header timeout counts from the accept, the peek included
+            let accepted = tokio::time::Instant::now();
             if let Some(h) = handoff {
-                let deadline = tokio::time::Instant::now() + limits.header_timeout;
+                let deadline = accepted + limits.header_timeout;
                 if is_coap_ws(&stream, deadline).await {
                     stats.open.fetch_sub(1, Relaxed);
                     drop(slot);
@@ -333,7 +335,7 @@ pub async fn serve_counted(
                 }
             }
             let activity = Arc::new(Activity {
-                start: tokio::time::Instant::now(),
+                start: accepted,
                 started: AtomicU64::new(0),
                 inflight: AtomicU64::new(0),
                 last_ms: AtomicU64::new(0),

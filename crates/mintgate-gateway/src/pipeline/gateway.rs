@@ -219,6 +219,7 @@ impl Gateway {
                     bert: true,
                 },
                 idle_timeout: Duration::from_secs(c.tcp_idle_timeout_s),
+                allowed_hosts: shared.cfg.proxy.allowed_hosts.clone(),
             };
             let sh = shared.clone();
             let serve: crate::coap_tcp::Serve =
