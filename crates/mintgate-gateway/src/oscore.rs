@@ -247,15 +247,45 @@ impl OscoreSection {
 /// A sender sequence number in a file: the limit below which numbers may
 /// have been used, written to a temporary file, synced and renamed over
 /// the old one, and the folder synced, before any number under it is used.
+///
+/// One process at a time: the store holds an exclusive lock (`flock`) on
+/// `NAME.seq.lock` beside the file while it is open, so that two processes
+/// never take numbers from the same file (their reservations would overlap,
+/// and two messages would be sealed with the same nonce).
 #[derive(Debug)]
 pub struct FileSeqStore {
     path: PathBuf,
+    _lock: fs::File,
 }
 
 impl FileSeqStore {
     /// The store at `path`, and the number to start from (0 when the file
-    /// does not exist); `existed` says whether it did.
+    /// does not exist); `existed` says whether it did. Fails when another
+    /// process (or another store in this one) has it open.
     pub fn open(path: PathBuf) -> std::io::Result<(FileSeqStore, u64, bool)> {
+        use std::os::fd::AsRawFd as _;
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.with_extension("seq.lock"))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is
+        // passed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(if e.kind() == std::io::ErrorKind::WouldBlock {
+                std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    format!(
+                        "{} is in use by another process: a context's sequence numbers serve one \
+                         user at a time (two would reuse nonces)",
+                        path.display()
+                    ),
+                )
+            } else {
+                e
+            });
+        }
         let (start, existed) = match fs::read_to_string(&path) {
             Ok(s) => (
                 s.trim().parse::<u64>().map_err(|_| {
@@ -269,7 +299,7 @@ impl FileSeqStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0, false),
             Err(e) => return Err(e),
         };
-        Ok((FileSeqStore { path }, start, existed))
+        Ok((FileSeqStore { path, _lock: lock }, start, existed))
     }
 }
 
@@ -371,6 +401,15 @@ impl OscoreServer {
     /// The counters.
     pub fn stats(&self) -> &OscoreStats {
         &self.stats
+    }
+
+    /// Whether `p`'s OSCORE option names one of the contexts (kid and kid
+    /// context); nothing is verified.
+    pub fn knows(&self, p: &Packet<&[u8]>) -> bool {
+        match option_of(p) {
+            Some(Ok(o)) => self.contexts.iter().any(|(_, c)| c.lock().matches(&o)),
+            _ => false,
+        }
     }
 
     /// Verifies `p`, a request with an OSCORE option. `None` when it does
@@ -601,6 +640,23 @@ fn labelled(out: &mut String, name: &str, help: &str, values: &[(&str, &AtomicU6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One user of a sequence file at a time: a second open is refused
+    /// while the first store lives, and allowed once it is gone.
+    #[test]
+    fn a_sequence_file_has_one_user_at_a_time() {
+        let d = std::env::temp_dir().join(format!("mintgate-oscore-lock-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        let p = d.join("c.seq");
+        let (first, _, _) = FileSeqStore::open(p.clone()).unwrap();
+        let e = FileSeqStore::open(p.clone()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+        assert!(e.to_string().contains("in use by another process"), "{e}");
+        drop(first);
+        assert!(FileSeqStore::open(p).is_ok());
+        let _ = fs::remove_dir_all(&d);
+    }
 
     /// A process that stops at any point (no shutdown: the context is just
     /// dropped) comes back above every number it may have used.

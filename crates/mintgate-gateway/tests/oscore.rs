@@ -577,6 +577,33 @@ fn an_oscore_message_in_outer_blocks_is_verified_whole() {
         message(Code::POST, mid, &[num as u8], &opts, blocks[num])
     };
 
+    // a block that would end past MAX_UNFRAGMENTED_SIZE: 4.13 with the
+    // size, nothing stored
+    let mut far = outer_opts.clone();
+    far.push((OptionNumber::BLOCK1, uint(4 << 4 | 1 << 3 | 6)));
+    let (code, _) = plain_answer(&s, to, &message(Code::POST, 90, &[9], &far, blocks[0]));
+    assert_eq!(code, Code::REQUEST_ENTITY_TOO_LARGE);
+    // outer blocks of a context the gateway does not have: refused at
+    // once (4.01), not stored
+    let mut stranger = Context::new(&Params {
+        master_secret: vec![7; 16],
+        sender_id: vec![9],
+        recipient_id: vec![1],
+        ..Params::default()
+    })
+    .unwrap();
+    let (sm, _) = stranger.protect_request(&plain).unwrap();
+    let sp = Packet::new_checked(&sm[..]).unwrap();
+    let mut sopts: Vec<(OptionNumber, Vec<u8>)> =
+        sp.options().map(|o| (o.number, o.value.to_vec())).collect();
+    sopts.push((OptionNumber::BLOCK1, uint(1 << 3 | 6)));
+    let (code, _) = plain_answer(
+        &s,
+        to,
+        &message(Code::POST, 91, &[9], &sopts, &sp.payload()[..1024]),
+    );
+    assert_eq!(code, Code::UNAUTHORIZED);
+
     // block 1 missing: the last block finds the transfer incomplete
     let (code, _) = plain_answer(&s, to, &cut(0, b"t1"));
     assert_eq!(code, Code::CONTINUE);

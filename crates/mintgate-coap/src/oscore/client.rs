@@ -123,10 +123,7 @@ pub fn open_event(ctx: &Context, id: &RequestId, ev: Event) -> Result<Event, Ans
     })
 }
 
-/// Largest protected answer put together from outer blocks, bytes: the
-/// MAX_UNFRAGMENTED_SIZE of RFC 8613 4.1.3.4.2 (4096, as Californium
-/// uses); a longer one is discarded.
-pub const MAX_UNFRAGMENTED_SIZE: usize = 4096;
+pub use super::MAX_UNFRAGMENTED_SIZE;
 
 /// What to do with an answer to a protected request.
 #[derive(Debug)]
@@ -185,9 +182,12 @@ impl OuterBlocks {
             // a later block without Block2, or a malformed one
             _ => return Err(AnswerError::Oscore(Error::Malformed)),
         };
-        if b.num as usize * b.size() != self.body.len()
-            || self.body.len() + payload.len() > MAX_UNFRAGMENTED_SIZE
-        {
+        if b.num as usize * b.size() != self.body.len() {
+            // not the block that continues the answer
+            self.body.clear();
+            return Err(AnswerError::Oscore(Error::Malformed));
+        }
+        if self.body.len() + payload.len() > MAX_UNFRAGMENTED_SIZE {
             self.body.clear();
             return Err(AnswerError::Oscore(Error::TooLarge));
         }

@@ -43,6 +43,11 @@ pub use replay::ReplayWindow;
 
 use crate::wire::OptionNumber;
 
+/// Largest OSCORE message put together from outer blocks, bytes: the
+/// MAX_UNFRAGMENTED_SIZE of RFC 8613 4.1.3.4.2 (4096, as Californium
+/// uses); a longer one is discarded.
+pub const MAX_UNFRAGMENTED_SIZE: usize = 4096;
+
 /// The OSCORE option (RFC 8613 2): critical, unsafe, not repeatable.
 pub const OSCORE: OptionNumber = OptionNumber(9);
 

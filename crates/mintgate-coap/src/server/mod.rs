@@ -321,9 +321,6 @@ fn process_rebuilt(
     }
 }
 
-/// Answers a block of a request body as the [`Block1Store`] decided:
-/// 2.31 or an error at once, or the handler's response to the whole body
-/// with the final Block1 added.
 /// The answer a block gets at once (2.31 Continue, 4.00, 4.08, 4.13, 5.03,
 /// with its Block1, Size1 and Max-Age), or `None` when the outcome is a
 /// request to handle.
@@ -351,6 +348,9 @@ pub fn reply_to_block(pool: &Pool, outcome: &Block1Outcome) -> Option<ResponseBu
     Some(rb)
 }
 
+/// Answers a block of a request body as the [`Block1Store`] decided:
+/// 2.31 or an error at once, or the handler's response to the whole body
+/// with the final Block1 added.
 pub fn respond_block1(
     router: &Router,
     pool: &Pool,

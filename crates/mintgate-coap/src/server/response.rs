@@ -18,9 +18,10 @@ pub const OPTION_SPACE: usize = 320;
 
 /// How much longer than its plain answer's payload limit the payload of a
 /// protected answer (OSCORE, RFC 8613) may be: the plain code, options (at
-/// most [`OPTION_SPACE`]) and payload marker go inside it, and an 8-byte
-/// tag (AES-CCM-16-64-128) after.
-pub const SEALED_EXTRA: usize = 1 + OPTION_SPACE + 1 + 8;
+/// most [`OPTION_SPACE`] bytes of values, each of at most `MAX_OPTIONS`
+/// with a header of up to 5 bytes) and payload marker go inside it, and an
+/// 8-byte tag (AES-CCM-16-64-128) after.
+pub const SEALED_EXTRA: usize = 1 + OPTION_SPACE + 5 * MAX_OPTIONS + 1 + 8;
 
 const MAX_OPTIONS: usize = 16;
 

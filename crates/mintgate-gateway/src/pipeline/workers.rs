@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use mintgate_coap::oscore::MAX_UNFRAGMENTED_SIZE;
 use mintgate_coap::server::block::BlockOpt;
 use mintgate_coap::server::{
     finish_response, reply_to_block, Answer, Block1Outcome, Handled, Request, Responded,
@@ -397,6 +398,23 @@ fn open_protected(
     rb: &mut ResponseBuilder,
 ) -> Option<(crate::oscore::Verified, Option<BlockOpt>)> {
     let pool = sh.endpoint.pool();
+    if let Some(o) = p.option(OptionNumber::BLOCK1) {
+        // outer blocks are stored only for a context this gateway has (one
+        // it does not know is refused by `unprotect`, below), and only up
+        // to MAX_UNFRAGMENTED_SIZE (RFC 8613 4.1.3.4.2): beyond it the
+        // message is discarded, answered 4.13 with that size
+        let end = mintgate_coap::wire::decode_uint(o.value)
+            .and_then(BlockOpt::decode)
+            .map(|b| b.num as usize * b.size() + p.payload().len());
+        if !os.knows(p) {
+            return os.unprotect(pool, p, rb).map(|v| (v, None));
+        }
+        if end.is_some_and(|e| e > MAX_UNFRAGMENTED_SIZE) {
+            rb.set_code(Code::REQUEST_ENTITY_TOO_LARGE)
+                .option_uint(OptionNumber::SIZE1, MAX_UNFRAGMENTED_SIZE as u32);
+            return None;
+        }
+    }
     match sh.endpoint.outer_block1(now, peer, p) {
         None => os.unprotect(pool, p, rb).map(|v| (v, None)),
         Some(Block1Outcome::Whole { block1 }) => {
