@@ -148,10 +148,12 @@ pub struct RequestArgs {
     access_token_file: Option<PathBuf>,
     /// Protect the request with OSCORE (RFC 8613): a context file in TOML
     /// with the keys of one `[[oscore.contexts]]` (docs/config.md); its
-    /// sender sequence number is kept in NAME.seq beside the file. Over
-    /// every scheme (coap, coaps, coap+tcp, coaps+tcp, coap+ws, coaps+ws);
-    /// a body or an answer larger than a block goes in inner blocks, each
-    /// protected on its own (RFC 8613 4.1.3.4.1).
+    /// sender sequence number is kept in NAME.seq beside the file (locked
+    /// while in use). Over every scheme (coap, coaps, coap+tcp, coaps+tcp,
+    /// coap+ws, coaps+ws); an answer larger than a block comes in inner
+    /// blocks, each protected on its own (RFC 8613 4.1.3.4.1), and so does
+    /// a large body over coap and coaps (over TCP and WebSockets it goes in
+    /// one message).
     #[arg(long, value_name = "CONTEXT-FILE")]
     oscore: Option<PathBuf>,
     /// Print the message type, code, options, round-trip time and

@@ -157,23 +157,46 @@ pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Re
         },
         write_auth: WriteAuth::Open,
         allowed_hosts: s.allowed_hosts.clone(),
-        upstream_oscore: upstream_oscore(&s.oscore)?,
+        // opened by `start` (a context's sequence numbers are one user's)
+        upstream_oscore: Default::default(),
     };
+    for o in &s.oscore {
+        mintgate_gateway::oscore::ContextConfig::from_file(&o.context)
+            .map_err(|e| anyhow!("invalid config value proxy.oscore: {e}"))?;
+    }
     cfg.validate()
         .map_err(|e| anyhow!("invalid config value proxy.{}: {}", e.key, e.why))?;
     Ok(cfg)
 }
 
-/// `[[proxy.oscore]]`: each upstream's context, opened from its file (its
-/// sequence number reserved in NAME.seq beside it).
+/// Sequence numbers the proxy reserves per write of a context's file: the
+/// write (and its two fsyncs) runs on the task that drives every upstream
+/// exchange, so it is rare; a restart skips at most this many of 2^40.
+const PROXY_SEQ_STEP: u64 = 4096;
+
+/// `[[proxy.oscore]]`: each upstream's context, opened from its file, its
+/// sequence number in `STATE/proxy/NAME.seq` (`[oscore] state`, where
+/// a packaged gateway may write; locked while the proxy runs).
 fn upstream_oscore(
     list: &[mintgate_gateway::config::ProxyOscore],
+    state: &std::path::Path,
 ) -> anyhow::Result<mintgate_proxy::upstream::UpstreamOscore> {
     let mut m = std::collections::HashMap::new();
     for o in list {
-        let ctx =
-            crate::client::oscore_context(&o.context, mintgate_gateway::oscore::DEFAULT_SEQ_STEP)
-                .map_err(|e| anyhow!("invalid config value proxy.oscore: {e:#}"))?;
+        let f = &o.context;
+        let cfg = mintgate_gateway::oscore::ContextConfig::from_file(f)
+            .map_err(|e| anyhow!("invalid config value proxy.oscore: {e}"))?;
+        let base = match f.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        let (ctx, _) = mintgate_gateway::oscore::open_context(
+            &cfg,
+            base,
+            &state.join("proxy"),
+            PROXY_SEQ_STEP,
+        )
+        .map_err(|e| anyhow!("invalid config value proxy.oscore: {}: {e}", f.display()))?;
         if m.insert(
             o.upstream,
             std::sync::Arc::new(parking_lot::Mutex::new(ctx)),
@@ -221,11 +244,13 @@ pub fn start(
     extra: Option<axum::Router>,
     upstream_bound: &dyn Fn(SocketAddr),
     coap_ws: Option<mintgate_gateway::coap_tcp::Adopter>,
+    oscore_state: &std::path::Path,
 ) -> anyhow::Result<Option<ProxyServer>> {
     if s.http.is_none() && s.h3.is_none() {
         return Ok(None);
     }
     let mut cfg = proxy_config(s, default_allow)?;
+    cfg.upstream_oscore = upstream_oscore(&s.oscore, oscore_state)?;
     cfg.write_auth = write_auth(access, default_allow);
     let allow: Vec<String> = cfg.allow.iter().map(|a| a.to_string()).collect();
     let mut sockets = mintgate_proxy::Sockets::bind(&Listen {
@@ -420,6 +445,7 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
         Some(health),
         &|a| tracing::debug!("upstream CoAP socket on udp {a}"),
         None,
+        &cfg.oscore.state,
     )?
     .ok_or_else(|| anyhow!("nothing to serve"))?;
     let listeners: Vec<SocketAddr> = srv.http_addr().into_iter().chain(srv.h3_addr()).collect();

@@ -259,6 +259,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         Some(extra),
         &|a| handle.access().add_proxy_source(a),
         gw.ws_adopter(),
+        &cfg.oscore.state,
     )?;
     if let Some(p) = &proxy {
         // The dashboard's proxy section and /metrics read the same counters.

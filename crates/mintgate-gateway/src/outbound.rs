@@ -433,8 +433,6 @@ impl Outbound {
     }
 }
 
-/// A stored response as an answer: Max-Age lowered by `age` (RFC 7252
-/// 5.6.1), no exchange made.
 /// `r` protected by `sealer`, when there is one.
 fn seal(sealer: &mut Option<&mut Sealer<'_>>, r: Request) -> Result<Request, OutboundError> {
     match sealer.as_deref_mut() {
@@ -455,6 +453,8 @@ fn open(sealer: &mut Option<&mut Sealer<'_>>, ev: Event) -> Result<Outer, Outbou
     }
 }
 
+/// A stored response as an answer: Max-Age lowered by `age` (RFC 7252
+/// 5.6.1), no exchange made.
 fn from_cache(r: cache::Response, age: u32) -> Response {
     let left = r.max_age().unwrap_or(0).saturating_sub(age);
     let mut options = r.options;

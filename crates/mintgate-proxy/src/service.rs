@@ -451,12 +451,24 @@ impl Proxy {
         )
         .await;
         match lookup {
-            Ok(Ok(mut addrs)) => addrs.next().ok_or_else(|| {
-                ProxyError::new(
-                    StatusCode::BAD_GATEWAY,
-                    format!("{} has no address", a.host),
-                )
-            }),
+            Ok(Ok(addrs)) => {
+                // a name with several addresses goes to the one that has an
+                // OSCORE context ([[proxy.oscore]]), so that it is never
+                // sent unprotected to another of its addresses
+                let addrs: Vec<SocketAddr> = addrs.collect();
+                let oscore = &self.config().upstream_oscore.0;
+                addrs
+                    .iter()
+                    .find(|d| oscore.contains_key(d))
+                    .or(addrs.first())
+                    .copied()
+                    .ok_or_else(|| {
+                        ProxyError::new(
+                            StatusCode::BAD_GATEWAY,
+                            format!("{} has no address", a.host),
+                        )
+                    })
+            }
             Ok(Err(e)) => Err(ProxyError::new(
                 StatusCode::BAD_GATEWAY,
                 format!("cannot resolve {}: {e}", a.host),
