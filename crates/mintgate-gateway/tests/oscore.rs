@@ -116,6 +116,17 @@ fn client() -> Context {
     .unwrap()
 }
 
+/// A client with a key and kid the gateway does not have.
+fn stranger() -> Context {
+    Context::new(&Params {
+        master_secret: vec![7; 16],
+        sender_id: vec![9],
+        recipient_id: vec![1],
+        ..Params::default()
+    })
+    .unwrap()
+}
+
 fn request(code: Code, mid: u16, opts: &[(OptionNumber, &[u8])], payload: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; 1400];
     let mut w =
@@ -235,13 +246,7 @@ fn protected_requests_reach_handlers_with_the_oscore_identity() {
     assert_eq!(code, Code::BAD_REQUEST);
 
     // an unknown kid: 4.01
-    let mut stranger = Context::new(&Params {
-        master_secret: vec![7; 16],
-        sender_id: vec![9],
-        recipient_id: vec![1],
-        ..Params::default()
-    })
-    .unwrap();
+    let mut stranger = stranger();
     let (m, _) = stranger
         .protect_request(&request(Code::GET, 8, &[], b""))
         .unwrap();
@@ -585,13 +590,7 @@ fn an_oscore_message_in_outer_blocks_is_verified_whole() {
     assert_eq!(code, Code::REQUEST_ENTITY_TOO_LARGE);
     // outer blocks of a context the gateway does not have: refused at
     // once (4.01), not stored
-    let mut stranger = Context::new(&Params {
-        master_secret: vec![7; 16],
-        sender_id: vec![9],
-        recipient_id: vec![1],
-        ..Params::default()
-    })
-    .unwrap();
+    let mut stranger = stranger();
     let (sm, _) = stranger.protect_request(&plain).unwrap();
     let sp = Packet::new_checked(&sm[..]).unwrap();
     let mut sopts: Vec<(OptionNumber, Vec<u8>)> =

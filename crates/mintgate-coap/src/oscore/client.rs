@@ -90,37 +90,32 @@ pub enum AnswerError {
 /// response is verified and becomes its inner response (code, options,
 /// payload; how and when it came stays); a timeout or a Reset passes as it
 /// is.
-pub fn open_event(ctx: &Context, id: &RequestId, ev: Event) -> Result<Event, AnswerError> {
+pub fn open_event(ctx: &Context, id: &RequestId, mut ev: Event) -> Result<Event, AnswerError> {
     let Event::Response {
-        id: exchange,
         code,
-        msg_type,
         options,
         payload,
-        rtt,
-        retransmissions,
-    } = ev
+        ..
+    } = &mut ev
     else {
         return Ok(ev);
     };
     if !options.iter().any(|(n, _)| *n == super::OSCORE) {
-        return Err(AnswerError::Unprotected { code, payload });
+        return Err(AnswerError::Unprotected {
+            code: *code,
+            payload: std::mem::take(payload),
+        });
     }
     let opts: Vec<(OptionNumber, &[u8])> = options.iter().map(|(n, v)| (*n, &v[..])).collect();
-    let (code, inner, payload) =
-        unprotect(ctx, code, &opts, &payload, id).map_err(AnswerError::Oscore)?;
-    Ok(Event::Response {
-        id: exchange,
-        code,
-        msg_type,
-        options: inner
-            .into_iter()
-            .map(|(n, v)| (n, Bytes::from(v)))
-            .collect(),
-        payload: Bytes::from(payload),
-        rtt,
-        retransmissions,
-    })
+    let (inner_code, inner, inner_payload) =
+        unprotect(ctx, *code, &opts, payload, id).map_err(AnswerError::Oscore)?;
+    *code = inner_code;
+    *options = inner
+        .into_iter()
+        .map(|(n, v)| (n, Bytes::from(v)))
+        .collect();
+    *payload = Bytes::from(inner_payload);
+    Ok(ev)
 }
 
 pub use super::MAX_UNFRAGMENTED_SIZE;
@@ -149,16 +144,10 @@ pub struct OuterBlocks {
 
 impl OuterBlocks {
     /// Takes the answer `ev` to the protected request `sent`.
-    pub fn on_event(&mut self, sent: &Request, ev: Event) -> Result<Outer, AnswerError> {
+    pub fn on_event(&mut self, sent: &Request, mut ev: Event) -> Result<Outer, AnswerError> {
         let Event::Response {
-            id,
-            code,
-            msg_type,
-            options,
-            payload,
-            rtt,
-            retransmissions,
-        } = ev
+            options, payload, ..
+        } = &mut ev
         else {
             return Ok(Outer::Whole(ev));
         };
@@ -167,17 +156,7 @@ impl OuterBlocks {
             .find(|(n, _)| *n == OptionNumber::BLOCK2)
             .map(|(_, v)| crate::wire::decode_uint(v).and_then(BlockOpt::decode));
         let b = match block2 {
-            None if self.body.is_empty() => {
-                return Ok(Outer::Whole(Event::Response {
-                    id,
-                    code,
-                    msg_type,
-                    options,
-                    payload,
-                    rtt,
-                    retransmissions,
-                }))
-            }
+            None if self.body.is_empty() => return Ok(Outer::Whole(ev)),
             Some(Some(b)) => b,
             // a later block without Block2, or a malformed one
             _ => return Err(AnswerError::Oscore(Error::Malformed)),
@@ -191,7 +170,7 @@ impl OuterBlocks {
             self.body.clear();
             return Err(AnswerError::Oscore(Error::TooLarge));
         }
-        self.body.extend_from_slice(&payload);
+        self.body.extend_from_slice(payload);
         if b.more {
             let mut next = sent.clone();
             next.options.retain(|(n, _)| *n != OptionNumber::BLOCK2);
@@ -207,19 +186,9 @@ impl OuterBlocks {
             ));
             return Ok(Outer::Next(next));
         }
-        let body = std::mem::take(&mut self.body);
-        Ok(Outer::Whole(Event::Response {
-            id,
-            code,
-            msg_type,
-            options: options
-                .into_iter()
-                .filter(|(n, _)| *n != OptionNumber::BLOCK2 && *n != OptionNumber::SIZE2)
-                .collect(),
-            payload: Bytes::from(body),
-            rtt,
-            retransmissions,
-        }))
+        options.retain(|(n, _)| *n != OptionNumber::BLOCK2 && *n != OptionNumber::SIZE2);
+        *payload = Bytes::from(std::mem::take(&mut self.body));
+        Ok(Outer::Whole(ev))
     }
 }
 
