@@ -319,73 +319,81 @@ pub fn proxy_state(
             "refused_total": c.refused_total.load(Relaxed),
             "header_timeouts": c.header_timeouts.load(Relaxed),
             "idle_closed": c.idle_closed.load(Relaxed),
+            "handed_off": c.handed_off.load(Relaxed),
         })),
-        "errors": {
-            "rate_limited": st.rate_limited.load(Relaxed),
-            "unauthorized": st.unauthorized.load(Relaxed),
-            "write_refused": st.write_refused.load(Relaxed),
-            "write_mode_unset": st.write_mode_unset.load(Relaxed),
-            "forbidden": st.forbidden.load(Relaxed),
-            "cross_site": st.cross_site.load(Relaxed),
-            "bad_host": st.bad_host.load(Relaxed),
-            "too_early": st.too_early.load(Relaxed),
-            "timeouts": st.timeouts.load(Relaxed),
-            "bad_gateway": st.bad_gateway.load(Relaxed),
-            "overloaded": st.overloaded.load(Relaxed),
-        },
+        "errors": errors(st).into_iter().map(|(k, v)| (k.to_string(), v.into())).collect::<serde_json::Map<String, serde_json::Value>>(),
     })
 }
 
-/// The same counters in the Prometheus text format, for `/metrics`.
-pub fn render_proxy_metrics(state: &serde_json::Value, out: &mut String) {
-    use std::fmt::Write as _;
-    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
-    let _ = writeln!(
-        out,
-        "# HELP mintgate_proxy_requests_total HTTP requests the proxy handled.\n\
-         # TYPE mintgate_proxy_requests_total counter\n\
-         mintgate_proxy_requests_total {}\n\
-         # HELP mintgate_proxy_cache_hits_total Proxied requests answered from the cache.\n\
-         # TYPE mintgate_proxy_cache_hits_total counter\n\
-         mintgate_proxy_cache_hits_total {}\n\
-         # HELP mintgate_proxy_errors_total Proxied requests refused or failed, by reason.\n\
-         # TYPE mintgate_proxy_errors_total counter",
-        n(&state["requests"]),
-        n(&state["cache_hits"])
+/// The proxy's refusals and failures by reason, for both the dashboard and
+/// `/metrics`.
+fn errors(st: &mintgate_proxy::service::ProxyStats) -> [(&'static str, u64); 11] {
+    use std::sync::atomic::Ordering::Relaxed;
+    [
+        ("bad_gateway", &st.bad_gateway),
+        ("bad_host", &st.bad_host),
+        ("cross_site", &st.cross_site),
+        ("forbidden", &st.forbidden),
+        ("overloaded", &st.overloaded),
+        ("rate_limited", &st.rate_limited),
+        ("timeouts", &st.timeouts),
+        ("too_early", &st.too_early),
+        ("unauthorized", &st.unauthorized),
+        ("write_mode_unset", &st.write_mode_unset),
+        ("write_refused", &st.write_refused),
+    ]
+    .map(|(k, v)| (k, v.load(Relaxed)))
+}
+
+/// The same counters, for `/metrics`.
+pub fn collect_proxy_metrics(
+    m: &mut mintgate_gateway::exposition::Exposition,
+    proxy: &mintgate_proxy::Proxy,
+    conns: Option<&mintgate_proxy::server::ConnStats>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = proxy.stats();
+    m.counter(
+        "mintgate_proxy_requests_total",
+        "HTTP requests the proxy handled.",
+        st.requests.load(Relaxed),
     );
-    if let Some(m) = state["errors"].as_object() {
-        for (k, v) in m {
-            let _ = writeln!(
-                out,
-                "mintgate_proxy_errors_total{{reason=\"{k}\"}} {}",
-                n(v)
-            );
-        }
-    }
-    let c = &state["connections"];
-    if c.is_object() {
-        let _ = writeln!(
-            out,
-            "# HELP mintgate_proxy_connections HTTP/1.1 and HTTP/2 connections open now.\n\
-             # TYPE mintgate_proxy_connections gauge\n\
-             mintgate_proxy_connections {}\n\
-             # HELP mintgate_proxy_connections_closed_total HTTP/1.1 and HTTP/2 connections closed by a limit, by reason.\n\
-             # TYPE mintgate_proxy_connections_closed_total counter",
-            n(&c["open"])
-        );
-        for k in [
-            "refused_per_source",
-            "refused_total",
-            "header_timeouts",
-            "idle_closed",
-        ] {
-            let _ = writeln!(
-                out,
-                "mintgate_proxy_connections_closed_total{{reason=\"{k}\"}} {}",
-                n(&c[k])
-            );
-        }
-    }
+    m.counter(
+        "mintgate_proxy_cache_hits_total",
+        "Proxied requests answered from the cache.",
+        st.cache_hits.load(Relaxed),
+    );
+    m.counters(
+        "mintgate_proxy_errors_total",
+        "Proxied requests refused or failed, by reason.",
+        "reason",
+        errors(st),
+    );
+    let Some(c) = conns else {
+        return;
+    };
+    m.gauge(
+        "mintgate_proxy_connections",
+        "HTTP/1.1 and HTTP/2 connections open now.",
+        c.open.load(Relaxed),
+    );
+    m.counters(
+        "mintgate_proxy_connections_closed_total",
+        "HTTP/1.1 and HTTP/2 connections closed by a limit, by reason.",
+        "reason",
+        [
+            ("refused_per_source", &c.refused_per_source),
+            ("refused_total", &c.refused_total),
+            ("header_timeouts", &c.header_timeouts),
+            ("idle_closed", &c.idle_closed),
+        ]
+        .map(|(k, v)| (k, v.load(Relaxed))),
+    );
+    m.counter(
+        "mintgate_proxy_connections_handed_off_total",
+        "Connections on the HTTP port handed to the coap+ws server (proxy.coap_ws).",
+        c.handed_off.load(Relaxed),
+    );
 }
 
 /// Runs `mintgate proxy` until SIGINT or SIGTERM.

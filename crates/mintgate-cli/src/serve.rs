@@ -274,11 +274,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
             "proxy",
             std::sync::Arc::new(move || crate::proxy::proxy_state(&st.0, Some(&st.1), st.2, st.3)),
         );
-        gw.add_metrics_source(std::sync::Arc::new(move |out: &mut String| {
-            crate::proxy::render_proxy_metrics(
-                &crate::proxy::proxy_state(&stats.0, Some(&stats.1), stats.2, stats.3),
-                out,
-            )
+        gw.add_metrics_source(std::sync::Arc::new(move |m| {
+            crate::proxy::collect_proxy_metrics(m, &stats.0, Some(&stats.1))
         }));
         if cfg.dashboard.enabled {
             if let Some(a) = p.http_addr() {

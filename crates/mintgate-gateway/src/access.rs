@@ -428,22 +428,14 @@ impl AccessPolicy {
             .write(why.why(self.cfg.write).as_bytes());
     }
 
-    /// `mintgate_access_refused_total` in the Prometheus text format.
-    pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let _ = writeln!(
-            out,
-            "# HELP mintgate_access_refused_total CoAP writes refused by the [access] policy, by reason.\n\
-             # TYPE mintgate_access_refused_total counter"
+    /// `mintgate_access_refused_total`.
+    pub fn collect(&self, m: &mut crate::exposition::Exposition) {
+        m.counters(
+            "mintgate_access_refused_total",
+            "CoAP writes refused by the [access] policy, by reason.",
+            "reason",
+            Refusal::ALL.iter().map(|r| (r.label(), self.refused(*r))),
         );
-        for r in Refusal::ALL {
-            let _ = writeln!(
-                out,
-                "mintgate_access_refused_total{{reason=\"{}\"}} {}",
-                r.label(),
-                self.refused(r)
-            );
-        }
     }
 }
 
@@ -605,7 +597,7 @@ mod tests {
 
     #[test]
     fn an_unchosen_mode_takes_writes_from_loopback_only() {
-        let p = AccessPolicy::new(AccessSection::default());
+        let p = std::sync::Arc::new(AccessPolicy::new(AccessSection::default()));
         assert_eq!(p.config().write, WriteMode::Unset);
         let lo: IpAddr = "127.0.0.2".parse().unwrap();
         let v6: IpAddr = "::1".parse().unwrap();
@@ -640,8 +632,10 @@ mod tests {
         assert_eq!(put("127.0.0.1:40000"), Err(Refusal::WriteModeUnset));
         assert_eq!(put("127.0.0.1:40001"), Ok(()));
         assert_eq!(p.refused(Refusal::WriteModeUnset), 1);
-        let mut text = String::new();
-        p.render_metrics(&mut text);
+        let shared = p.clone();
+        let text = crate::exposition::render(crate::exposition::Format::Prometheus, move |m| {
+            shared.collect(m)
+        });
         assert!(
             text.contains("mintgate_access_refused_total{reason=\"write_mode_unset\"} 1"),
             "{text}"

@@ -132,12 +132,10 @@ pub struct TcpStats {
 }
 
 impl TcpStats {
-    /// The counters in the Prometheus text format.
-    pub fn render(&self, out: &mut String) {
+    /// The counters, for `/metrics`.
+    pub fn collect(&self, m: &mut crate::exposition::Exposition) {
         let v = |a: &AtomicU64| a.load(Relaxed);
-        crate::metrics::write_families(
-            out,
-            &[
+        m.families(&[
                 ("mintgate_coap_tcp_connections", "CoAP-over-TCP and -WebSocket connections open (coap+tcp, coaps+tcp, coap+ws, coaps+ws).", v(&self.open)),
                 ("mintgate_coap_tcp_accepted_total", "CoAP-over-TCP connections accepted.", v(&self.accepted)),
                 ("mintgate_coap_tcp_refused_total", "CoAP-over-TCP connections closed at once (over tcp_max_connections or tcp_max_per_source).", v(&self.refused)),
@@ -145,8 +143,7 @@ impl TcpStats {
                 ("mintgate_coap_tcp_requests_total", "Requests answered over CoAP over TCP.", v(&self.requests)),
                 ("mintgate_coap_tcp_notifications_total", "Observe notifications sent over CoAP over TCP and WebSockets.", v(&self.notifications)),
                 ("mintgate_coap_tcp_notifications_dropped_total", "Observe notifications over CoAP over TCP and WebSockets not sent: superseded by a newer one of the same relation before the connection took it, its outbox full, or larger than the peer's Max-Message-Size.", v(&self.notifications_dropped)),
-            ],
-        );
+            ]);
     }
 }
 

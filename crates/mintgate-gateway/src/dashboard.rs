@@ -78,17 +78,16 @@ pub struct Refusals {
 }
 
 impl Refusals {
-    /// `mintgate_dashboard_refused_total` in the Prometheus text format.
-    pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let _ = writeln!(
-            out,
-            "# HELP mintgate_dashboard_refused_total Dashboard requests refused, by reason.\n\
-             # TYPE mintgate_dashboard_refused_total counter\n\
-             mintgate_dashboard_refused_total{{reason=\"not_loopback\"}} {}\n\
-             mintgate_dashboard_refused_total{{reason=\"host\"}} {}",
-            self.not_loopback.load(Relaxed),
-            self.host.load(Relaxed)
+    /// `mintgate_dashboard_refused_total`.
+    pub fn collect(&self, m: &mut crate::exposition::Exposition) {
+        m.counters(
+            "mintgate_dashboard_refused_total",
+            "Dashboard requests refused, by reason.",
+            "reason",
+            [
+                ("not_loopback", self.not_loopback.load(Relaxed)),
+                ("host", self.host.load(Relaxed)),
+            ],
         );
     }
 }
@@ -308,8 +307,7 @@ mod tests {
         // no Host at all (HTTP/1.0): not a browser
         let (s, _) = get_from(app, "/api/state", Some("127.0.0.1:1")).await;
         assert_eq!(s, StatusCode::OK);
-        let mut text = String::new();
-        gw.handle().dashboard_refusals().render_metrics(&mut text);
+        let text = crate::metrics::render_prometheus(&gw.handle());
         assert!(
             text.contains("mintgate_dashboard_refused_total{reason=\"host\"} 3"),
             "{text}"

@@ -29,6 +29,7 @@ use mintgate_devices::{Device, DeviceError, DeviceManager, DeviceSpec, Direction
 
 use crate::bridge::MqttBridge;
 use crate::bridge_format::json_str;
+use crate::exposition::{Exposition, Num};
 use crate::observe::Notifier;
 use crate::pipeline::Gateway;
 
@@ -292,113 +293,115 @@ pub fn links_resource(m: &DeviceManager, max_block: usize) -> Resource {
         .attr("ct", "0")
 }
 
-/// The direct path's counters and latency quantiles, and the device count,
-/// in the Prometheus text format.
-pub fn render_metrics(m: &DeviceManager, out: &mut String) {
-    use std::fmt::Write as _;
-    let dp = m.directpath();
+/// The direct path's counters and latency histograms, and the device count.
+pub fn collect(m: &mut Exposition, dm: &DeviceManager) {
+    let dp = dm.directpath();
     let s = dp.snapshot();
     let st = dp.stats();
-    let mut one = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    };
-    one(
-        "mintgate_devices",
-        "gauge",
-        "Devices managed now.",
-        m.list().len() as f64,
-    );
-    render_link_metrics(m, out);
-    let mut one = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    };
-    one(
+    m.gauge("mintgate_devices", "Devices managed now.", dm.list().len());
+    collect_links(m, dm);
+    m.gauge(
         "mintgate_directpath_links",
-        "gauge",
         "Direct path links now.",
-        m.links().len() as f64,
+        dm.links().len(),
     );
     for (name, help, v) in [
         (
-            "pushed",
+            "mintgate_directpath_pushed_total",
             "Events offered to the direct path's ring.",
             s.pushed,
         ),
         (
-            "overflow",
+            "mintgate_directpath_overflow_total",
             "Events dropped because the ring was full.",
             s.overflow,
         ),
         (
-            "processed",
+            "mintgate_directpath_processed_total",
             "Events the worker took from the ring.",
             s.processed,
         ),
         (
-            "unlinked",
+            "mintgate_directpath_unlinked_total",
             "Events whose input has no link (most stop before the ring).",
             s.unlinked,
         ),
         (
-            "passed",
+            "mintgate_directpath_passed_total",
             "(event, link) pairs that passed every filter.",
             s.passed,
         ),
         (
-            "filtered",
+            "mintgate_directpath_filtered_total",
             "(event, link) pairs a filter stopped.",
             s.filtered,
         ),
-        ("fired", "Outputs fired.", s.fired),
-        ("output_errors", "Outputs that failed.", s.output_errors),
-        ("parks", "Times the worker went to sleep.", s.parks),
+        ("mintgate_directpath_fired_total", "Outputs fired.", s.fired),
+        (
+            "mintgate_directpath_output_errors_total",
+            "Outputs that failed.",
+            s.output_errors,
+        ),
+        (
+            "mintgate_directpath_parks_total",
+            "Times the worker went to sleep.",
+            s.parks,
+        ),
     ] {
-        one(
-            &format!("mintgate_directpath_{name}_total"),
-            "counter",
-            help,
-            v as f64,
-        );
+        m.counter(name, help, v);
     }
     for (name, help, h) in [
         (
-            "worker",
+            "mintgate_directpath_worker_latency_seconds",
             "Event in hand to outputs done, inside the worker.",
             &st.worker_ns,
         ),
         (
-            "e2e",
+            "mintgate_directpath_e2e_latency_seconds",
             "Event entering the ring to outputs done.",
             &st.e2e_ns,
         ),
         (
-            "source",
+            "mintgate_directpath_source_latency_seconds",
             "Event sensed (e.g. GPIO edge timestamp) to outputs done.",
             &st.source_ns,
         ),
     ] {
-        let n = format!("mintgate_directpath_{name}_latency_seconds");
-        let _ = writeln!(
-            out,
-            "# HELP {n} {help} (log-linear histogram, 12.5 % buckets)\n# TYPE {n} summary"
-        );
-        for q in [0.5, 0.9, 0.99, 0.999] {
-            let _ = writeln!(
-                out,
-                "{n}{{quantile=\"{q}\"}} {}",
-                h.quantile(q) as f64 * 1e-9
-            );
-        }
-        let _ = writeln!(out, "{n}_sum {}", h.mean() * h.count() as f64 * 1e-9);
-        let _ = writeln!(out, "{n}_count {}", h.count());
+        let counts = h.counts_at(&LATENCY_BOUNDS_NS);
+        let buckets: Vec<(f64, u64)> = LATENCY_BOUNDS_NS
+            .iter()
+            .zip(counts)
+            .map(|(b, n)| (*b as f64 * 1e-9, n))
+            .collect();
+        m.histogram(name, help, h.sum() as f64 * 1e-9, h.count(), &buckets);
     }
 }
+
+/// The direct path's latency buckets: 1, 2 and 5 times each power of ten
+/// from 1 us to 1 s (the path's own latencies are microseconds; a slow
+/// output takes milliseconds). The recorder keeps 12.5 % buckets; a value
+/// is counted under a bound only when its whole recorder bucket is.
+const LATENCY_BOUNDS_NS: [u64; 19] = [
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    200_000,
+    500_000,
+    1_000_000,
+    2_000_000,
+    5_000_000,
+    10_000_000,
+    20_000_000,
+    50_000_000,
+    100_000_000,
+    200_000_000,
+    500_000_000,
+    1_000_000_000,
+];
 
 /// The connections of field devices (Modbus, OPC UA), one per connection however
 /// many points it serves, by name.
@@ -410,79 +413,72 @@ fn links(m: &DeviceManager) -> std::collections::BTreeMap<String, mintgate_devic
         .collect()
 }
 
-/// Field-device connections' counters in the Prometheus text format, one
-/// series per connection (`connection` label).
-fn render_link_metrics(m: &DeviceManager, out: &mut String) {
-    use std::fmt::Write as _;
-    let links = links(m);
+/// Field-device connections' counters, one series per connection
+/// (`connection` label).
+fn collect_links(m: &mut Exposition, dm: &DeviceManager) {
+    let links = links(dm);
     if links.is_empty() {
         return;
     }
     type Get = fn(&mintgate_devices::LinkState) -> u64;
-    let series: [(&str, &str, &str, Get); 6] = [
+    let series: [(&str, &str, Get); 6] = [
         (
             "mintgate_field_connected",
-            "gauge",
             "1 when the field device's connection is up.",
             |l| u64::from(l.connected),
         ),
         (
             "mintgate_field_polls_total",
-            "counter",
             "Read requests made to the field device (Modbus), or data change notifications received from it (OPC UA).",
             |l| l.polls,
         ),
         (
             "mintgate_field_writes_total",
-            "counter",
             "Write requests made to the field device.",
             |l| l.writes,
         ),
         (
             "mintgate_field_errors_total",
-            "counter",
             "Field device requests that failed after their retries.",
             |l| l.errors,
         ),
         (
             "mintgate_field_connects_total",
-            "counter",
             "Connection attempts to the field device.",
             |l| l.connects,
         ),
         (
             "mintgate_field_skipped_polls_total",
-            "counter",
             "Polls skipped because the one before took longer than a period.",
             |l| l.skipped,
         ),
     ];
-    let label = |c: &str| c.replace('\\', "\\\\").replace('"', "\\\"");
-    for (name, kind, help, get) in series {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (c, l) in &links {
-            let _ = writeln!(out, "{name}{{connection=\"{}\"}} {}", label(c), get(l));
+    for (name, help, get) in series {
+        let rows = links.iter().map(|(c, l)| (c.as_str(), get(l)));
+        if name.ends_with("_total") {
+            m.counters(name, help, "connection", rows);
+        } else {
+            m.gauges(name, help, "connection", rows);
         }
     }
-    let n = "mintgate_field_poll_lateness_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {n} How late polls started after they were due (log-linear histogram, 12.5 % buckets).\n# TYPE {n} gauge"
-    );
+    let mut rows = Vec::new();
     for (c, l) in &links {
         for (q, v) in [
             ("0.5", l.late_p50_ns),
             ("0.99", l.late_p99_ns),
             ("1", l.late_max_ns),
         ] {
-            let _ = writeln!(
-                out,
-                "{n}{{connection=\"{}\",quantile=\"{q}\"}} {}",
-                label(c),
-                v as f64 * 1e-9
-            );
+            rows.push((
+                vec![("connection", c.as_str()), ("quantile", q)],
+                Num::Float(v as f64 * 1e-9),
+            ));
         }
     }
+    m.gauges_by(
+        "mintgate_field_poll_lateness_seconds",
+        "How late polls started after they were due (log-linear histogram, 12.5 % buckets).",
+        &rows,
+    );
 }
 
 /// The dashboard's `devices` section: each device with its latest value.
@@ -522,7 +518,7 @@ pub fn devices_state(m: &DeviceManager) -> serde_json::Value {
 }
 
 /// The dashboard's `directpath` section: links, counters and latency
-/// quantiles (the same as `render_metrics`).
+/// quantiles (from the same recorders as `/metrics`' histograms).
 pub fn directpath_state(m: &DeviceManager) -> serde_json::Value {
     let dp = m.directpath();
     let s = dp.snapshot();
@@ -632,7 +628,7 @@ impl DeviceHost {
         }
         gw.add_resource(links_resource(&host.manager, host.max_block))?;
         let m = host.manager.clone();
-        gw.add_metrics_source(Arc::new(move |out: &mut String| render_metrics(&m, out)));
+        gw.add_metrics_source(Arc::new(move |e: &mut Exposition| collect(e, &m)));
         let m = host.manager.clone();
         gw.add_state_source("devices", Arc::new(move || devices_state(&m)));
         let m = host.manager.clone();

@@ -228,10 +228,8 @@ impl CoapsSection {
     }
 }
 
-/// Appends the counters of the coaps listeners (summed) in the Prometheus
-/// text format, as `mintgate_coaps_*`.
-pub fn render_metrics(stats: &[&DtlsStats], out: &mut String) {
-    use std::fmt::Write as _;
+/// The counters of the coaps listeners (summed), as `mintgate_coaps_*`.
+pub fn collect(stats: &[&DtlsStats], m: &mut crate::exposition::Exposition) {
     let Some(first) = stats.first() else {
         return;
     };
@@ -242,10 +240,11 @@ pub fn render_metrics(stats: &[&DtlsStats], out: &mut String) {
         }
     }
     for (name, help, v, counter) in fields {
-        let kind = if counter { "counter" } else { "gauge" };
-        let _ = writeln!(
-            out,
-            "# HELP mintgate_coaps_{name} {help}\n# TYPE mintgate_coaps_{name} {kind}\nmintgate_coaps_{name} {v}"
-        );
+        let name = format!("mintgate_coaps_{name}");
+        if counter {
+            m.counter(&name, help, v);
+        } else {
+            m.gauge(&name, help, v);
+        }
     }
 }

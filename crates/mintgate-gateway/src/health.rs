@@ -174,19 +174,16 @@ async fn readyz(State(gw): State<GatewayHandle>) -> impl IntoResponse {
     (code, Json(r))
 }
 
-/// `mintgate_up` and `mintgate_ready`, in the Prometheus text format.
-pub(crate) fn render_metrics(ready: bool, out: &mut String) {
-    crate::metrics::write_families(
-        out,
-        &[
-            ("mintgate_up", "1 while the gateway answers.", 1),
-            (
-                "mintgate_ready",
-                "1 while /readyz answers 200 (every readiness check passes).",
-                u64::from(ready),
-            ),
-        ],
-    );
+/// `mintgate_up` and `mintgate_ready`.
+pub(crate) fn collect(ready: bool, m: &mut crate::exposition::Exposition) {
+    m.families(&[
+        ("mintgate_up", "1 while the gateway answers.", 1),
+        (
+            "mintgate_ready",
+            "1 while /readyz answers 200 (every readiness check passes).",
+            u64::from(ready),
+        ),
+    ]);
 }
 
 #[cfg(test)]
@@ -238,8 +235,8 @@ mod tests {
 
     #[test]
     fn metrics_say_up_and_ready() {
-        let mut out = String::new();
-        render_metrics(false, &mut out);
+        let out =
+            crate::exposition::render(crate::exposition::Format::Prometheus, |m| collect(false, m));
         assert!(out.contains("\nmintgate_up 1\n"), "{out}");
         assert!(
             out.contains("# TYPE mintgate_ready gauge\nmintgate_ready 0\n"),

@@ -12,6 +12,7 @@ pub mod config;
 pub mod dashboard;
 pub mod devices;
 pub mod dtls;
+pub mod exposition;
 pub mod health;
 pub mod metrics;
 pub mod observe;

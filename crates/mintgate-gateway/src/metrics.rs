@@ -7,7 +7,6 @@
 //! It runs on its own thread with a single-threaded tokio runtime, so that
 //! it never competes with the CoAP pipeline's threads for a worker.
 
-use std::fmt::Write as _;
 use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -16,7 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::thread::JoinHandle;
 
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -25,6 +24,7 @@ use mintgate_sched::Sample;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use crate::exposition::{Exposition, Format};
 use crate::pipeline::GatewayHandle;
 
 /// A running metrics endpoint; dropping it stops it.
@@ -137,13 +137,12 @@ impl Drop for MetricsServer {
     }
 }
 
-async fn metrics(State(gw): State<GatewayHandle>) -> impl IntoResponse {
+async fn metrics(State(gw): State<GatewayHandle>, headers: HeaderMap) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Format::from_accept(accept);
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        render_prometheus(&gw),
+        [(header::CONTENT_TYPE, format.content_type())],
+        render(&gw, format),
     )
 }
 
@@ -151,387 +150,256 @@ async fn observer(State(gw): State<GatewayHandle>) -> Json<Value> {
     Json(observer_json(&gw))
 }
 
-/// One metric family in the Prometheus text format.
-struct Family<'a> {
-    out: &'a mut String,
-}
-
-impl Family<'_> {
-    fn head(&mut self, name: &str, kind: &str, help: &str) -> &mut Self {
-        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        self
-    }
-
-    fn value(&mut self, name: &str, labels: &[(&str, &str)], v: f64) -> &mut Self {
-        self.out.push_str(name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, val)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(
-                    self.out,
-                    "{k}=\"{}\"",
-                    val.replace('\\', "\\\\").replace('"', "\\\"")
-                );
-            }
-            self.out.push('}');
-        }
-        let _ = writeln!(self.out, " {v}");
-        self
-    }
-
-    fn one(&mut self, name: &str, kind: &str, help: &str, v: f64) {
-        self.head(name, kind, help).value(name, &[], v);
-    }
-}
-
-/// Writes unlabelled families in the Prometheus text format: a name ending
-/// in `_total` is a counter, any other a gauge.
-pub(crate) fn write_families(out: &mut String, families: &[(&str, &str, u64)]) {
-    use std::fmt::Write as _;
-    for (name, help, v) in families {
-        let kind = if name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    }
-}
-
-/// The whole exposition, in the Prometheus text format 0.0.4.
+/// The whole exposition in the Prometheus text format 0.0.4.
 pub fn render_prometheus(gw: &GatewayHandle) -> String {
+    render(gw, Format::Prometheus)
+}
+
+/// The whole exposition in `format`.
+pub fn render(gw: &GatewayHandle, format: Format) -> String {
+    let gw = gw.clone();
+    crate::exposition::render(format, move |m| collect(&gw, m))
+}
+
+/// Every family of the gateway, read from its counters now.
+fn collect(gw: &GatewayHandle, m: &mut Exposition) {
     let c = gw.counters();
-    let mut out = String::with_capacity(4096);
-    crate::health::render_metrics(gw.readiness().ready, &mut out);
-    let mut f = Family { out: &mut out };
-    let get = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed) as f64;
-    f.one(
+    crate::health::collect(gw.readiness().ready, m);
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+    m.gauge(
         "mintgate_htp_threads",
-        "gauge",
         "Handler Thread Pool threads (N).",
-        gw.htp_threads() as f64,
+        gw.htp_threads(),
     );
-    f.one(
+    m.counter(
         "mintgate_nr_datagrams_total",
-        "counter",
         "Datagrams read by the Network Receiver.",
         get(&c.nr_datagrams),
     );
-    f.one(
+    m.gauge(
         "mintgate_pipeline_batch_threads",
-        "gauge",
         "Network Receiver and handler threads running as SCHED_BATCH now (pipeline.batch_sched_above).",
         get(&c.pipeline_batch_threads),
     );
-    f.one(
+    m.counter(
         "mintgate_pipeline_batch_switches_total",
-        "counter",
         "Times a Network Receiver or handler thread switched to SCHED_BATCH.",
         get(&c.pipeline_batch_switches),
     );
-    f.one(
+    m.counter(
         "mintgate_nr_requests_total",
-        "counter",
         "Requests put on the HTP queue (R).",
         get(&c.nr_requests),
     );
-    f.one(
+    m.counter(
         "mintgate_htp_handled_total",
-        "counter",
         "Requests the HTP completed (H).",
         get(&c.htp_handled),
     );
-    f.one(
+    m.counter(
         "mintgate_htp_busy_seconds_total",
-        "counter",
         "Thread-seconds the HTP spent handling.",
-        get(&c.htp_busy_ns) / 1e9,
+        get(&c.htp_busy_ns) as f64 / 1e9,
     );
-    f.one(
+    m.gauge(
         "mintgate_htp_queue_length",
-        "gauge",
         "Requests in the HTP queue (QS).",
         get(&c.queue_len),
     );
-    f.one(
+    m.gauge(
         "mintgate_htp_queue_bytes",
-        "gauge",
         "Buffer bytes held by the HTP queue.",
         get(&c.queue_bytes),
     );
-    f.one(
+    m.gauge(
         "mintgate_htp_queue_limit_bytes",
-        "gauge",
         "Bound of the HTP queue in bytes.",
-        gw.queue_bytes() as f64,
+        gw.queue_bytes(),
     );
-    f.head(
+    m.counters(
         "mintgate_dropped_total",
-        "counter",
         "Requests shed, by reason.",
-    )
-    .value(
-        "mintgate_dropped_total",
-        &[("reason", "queue_full_non")],
-        get(&c.nr_dropped),
-    )
-    .value(
-        "mintgate_dropped_total",
-        &[("reason", "queue_full_con_503")],
-        get(&c.nr_rejected),
-    )
-    .value(
-        "mintgate_dropped_total",
-        &[("reason", "peer_limit")],
-        get(&c.nr_peer_limited),
-    )
-    .value(
-        "mintgate_dropped_total",
-        &[("reason", "pool_exhausted")],
-        get(&c.htp_shed),
+        "reason",
+        [
+            ("queue_full_non", get(&c.nr_dropped)),
+            ("queue_full_con_503", get(&c.nr_rejected)),
+            ("peer_limit", get(&c.nr_peer_limited)),
+            ("pool_exhausted", get(&c.htp_shed)),
+        ],
     );
-    f.one(
-        "mintgate_malformed_total",
-        "counter",
-        "Malformed datagrams (answered with Reset or dropped).",
-        get(&c.nr_malformed),
-    );
-    f.one(
-        "mintgate_duplicates_total",
-        "counter",
-        "Duplicates replayed or dropped by de-duplication.",
-        get(&c.nr_duplicates),
-    );
-    f.one(
-        "mintgate_ignored_total",
-        "counter",
-        "Datagrams ignored (misplaced, unexpected, truncated, pings).",
-        get(&c.nr_ignored),
-    );
-    f.one(
-        "mintgate_sent_total",
-        "counter",
-        "Datagrams the Send Handler transmitted.",
-        get(&c.sh_sent),
-    );
-    f.one(
-        "mintgate_send_errors_total",
-        "counter",
-        "Datagrams that could not be sent.",
-        get(&c.sh_errors),
-    );
-    f.one(
-        "mintgate_dedup_evicted_total",
-        "counter",
-        "Cached responses given back early to free buffers.",
-        get(&c.dedup_evicted),
-    );
+    m.families(&[
+        (
+            "mintgate_malformed_total",
+            "Malformed datagrams (answered with Reset or dropped).",
+            get(&c.nr_malformed),
+        ),
+        (
+            "mintgate_duplicates_total",
+            "Duplicates replayed or dropped by de-duplication.",
+            get(&c.nr_duplicates),
+        ),
+        (
+            "mintgate_ignored_total",
+            "Datagrams ignored (misplaced, unexpected, truncated, pings).",
+            get(&c.nr_ignored),
+        ),
+        (
+            "mintgate_sent_total",
+            "Datagrams the Send Handler transmitted.",
+            get(&c.sh_sent),
+        ),
+        (
+            "mintgate_send_errors_total",
+            "Datagrams that could not be sent.",
+            get(&c.sh_errors),
+        ),
+        (
+            "mintgate_dedup_evicted_total",
+            "Cached responses given back early to free buffers.",
+            get(&c.dedup_evicted),
+        ),
+    ]);
     if let Some(d) = gw.vta_decision() {
-        f.one(
+        m.gauge(
             "mintgate_vta_target_threads",
-            "gauge",
             "VTA: N_{t+1}, the pool size decided last.",
-            d.n_next as f64,
+            d.n_next,
         );
-        f.one(
+        m.gauge(
             "mintgate_vta_nt_max",
-            "gauge",
             "VTA: NT_max, the thread cap found by hill climbing.",
-            d.nt_max as f64,
+            d.nt_max,
         );
-        f.one(
+        m.gauge(
             "mintgate_vta_threads_wanted",
-            "gauge",
             "VTA: P_{t+1}, the threads the arrivals and backlog ask for.",
             d.p_next,
         );
-        f.one(
+        m.gauge(
             "mintgate_vta_completions_per_thread_second",
-            "gauge",
             "VTA: HT_t, completions per busy thread-second.",
             d.ht_t,
         );
-        f.one(
+        m.gauge(
             "mintgate_vta_backlog_growth_threads",
-            "gauge",
             "VTA: PD_t = (R_t - H_t) / HT_t, the threads' worth of requests the backlog grew by.",
             d.pd_t,
         );
-        f.one(
+        m.gauge(
             "mintgate_vta_queue_threads",
-            "gauge",
             "VTA: Q_t = (QS_t + e_t) / (HT_t * W), the threads that would drain the queue within W.",
             d.q_t,
         );
-        f.one(
+        m.gauge(
             "mintgate_vta_saturated",
-            "gauge",
             "VTA: 1 when the pool was the bottleneck last second.",
-            d.saturated as u8 as f64,
+            d.saturated,
         );
     }
-    f.head(
+    m.gauges(
         "mintgate_threads",
-        "gauge",
         "Threads per Thread Pool Manager group.",
+        "group",
+        mintgate_sched::Group::ALL
+            .iter()
+            .map(|g| (g.name(), gw.manager().stats(*g).threads)),
     );
-    for g in mintgate_sched::Group::ALL {
-        f.value(
-            "mintgate_threads",
-            &[("group", g.name())],
-            gw.manager().stats(g).threads as f64,
-        );
-    }
     let rm = gw
         .manager()
         .stats(mintgate_sched::Group::ResourceManagement);
-    f.one(
+    m.gauge(
         "mintgate_resource_queue_length",
-        "gauge",
         "Tasks waiting in the Resource Management group.",
-        rm.queued as f64,
+        rm.queued,
     );
-    f.one(
+    m.counter(
         "mintgate_resource_rejected_total",
-        "counter",
         "Tasks the full Resource Management queue refused.",
-        rm.rejected as f64,
+        rm.rejected,
     );
     let parts = gw.pool().stats();
-    let sizes: Vec<String> = parts.iter().map(|p| p.block_size.to_string()).collect();
-    f.head(
+    let by_size = |f: &dyn Fn(&mintgate_buf::PartitionStats) -> u64| {
+        parts
+            .iter()
+            .map(|p| (p.block_size.to_string(), f(p)))
+            .collect::<Vec<_>>()
+    };
+    m.gauges(
         "mintgate_pool_blocks",
-        "gauge",
         "Blocks per buffer partition.",
+        "block_size",
+        by_size(&|p| p.blocks as u64),
     );
-    for (p, s) in parts.iter().zip(&sizes) {
-        f.value(
-            "mintgate_pool_blocks",
-            &[("block_size", s)],
-            p.blocks as f64,
-        );
-    }
-    f.head(
+    m.gauges(
         "mintgate_pool_free_blocks",
-        "gauge",
         "Free blocks per buffer partition.",
+        "block_size",
+        by_size(&|p| p.free as u64),
     );
-    for (p, s) in parts.iter().zip(&sizes) {
-        f.value(
-            "mintgate_pool_free_blocks",
-            &[("block_size", s)],
-            p.free as f64,
-        );
-    }
-    f.head(
+    m.gauges(
         "mintgate_pool_outstanding_blocks",
-        "gauge",
         "Blocks allocated and not yet returned, per buffer partition.",
+        "block_size",
+        by_size(&|p| (p.blocks - p.free) as u64),
     );
-    for (p, s) in parts.iter().zip(&sizes) {
-        f.value(
-            "mintgate_pool_outstanding_blocks",
-            &[("block_size", s)],
-            (p.blocks - p.free) as f64,
-        );
-    }
-    f.head(
+    m.gauges(
         "mintgate_pool_min_free_blocks",
-        "gauge",
         "The fewest blocks ever free at once, per buffer partition.",
+        "block_size",
+        by_size(&|p| p.min_free as u64),
     );
-    for (p, s) in parts.iter().zip(&sizes) {
-        f.value(
-            "mintgate_pool_min_free_blocks",
-            &[("block_size", s)],
-            p.min_free as f64,
-        );
-    }
-    f.head(
+    m.counters(
         "mintgate_pool_exhausted_total",
-        "counter",
         "Allocations a partition could not serve.",
+        "block_size",
+        by_size(&|p| p.exhausted),
     );
-    for (p, s) in parts.iter().zip(&sizes) {
-        f.value(
-            "mintgate_pool_exhausted_total",
-            &[("block_size", s)],
-            p.exhausted as f64,
-        );
-    }
     let acc = gw.pool().accounting();
-    f.head(
+    let by_layer = |f: &dyn Fn(&mintgate_buf::LayerSnapshot) -> u64| {
+        Layer::ALL
+            .iter()
+            .map(|l| (l.name(), f(&acc.snapshot(*l))))
+            .collect::<Vec<_>>()
+    };
+    m.counters(
         "mintgate_bytes_allocated_total",
-        "counter",
         "Buffer bytes allocated, by layer.",
+        "layer",
+        by_layer(&|s| s.alloc_bytes),
     );
-    for l in Layer::ALL {
-        f.value(
-            "mintgate_bytes_allocated_total",
-            &[("layer", l.name())],
-            acc.snapshot(l).alloc_bytes as f64,
-        );
-    }
-    f.head(
+    m.counters(
         "mintgate_bytes_copied_total",
-        "counter",
         "Bytes copied, by layer.",
+        "layer",
+        by_layer(&|s| s.copy_bytes),
     );
-    for l in Layer::ALL {
-        f.value(
-            "mintgate_bytes_copied_total",
-            &[("layer", l.name())],
-            acc.snapshot(l).copy_bytes as f64,
-        );
-    }
-    f.head(
+    m.counters(
         "mintgate_buf_allocs_total",
-        "counter",
         "Buffer blocks allocated, by layer.",
+        "layer",
+        by_layer(&|s| s.allocs),
     );
-    for l in Layer::ALL {
-        f.value(
-            "mintgate_buf_allocs_total",
-            &[("layer", l.name())],
-            acc.snapshot(l).allocs as f64,
-        );
-    }
-    f.head(
+    m.counters(
         "mintgate_buf_copies_total",
-        "counter",
         "Copy operations, by layer.",
+        "layer",
+        by_layer(&|s| s.copies),
     );
-    for l in Layer::ALL {
-        f.value(
-            "mintgate_buf_copies_total",
-            &[("layer", l.name())],
-            acc.snapshot(l).copies as f64,
-        );
-    }
-    if let Some(m) = own_memory() {
-        f.one(
+    if let Some((rss, hwm)) = own_memory() {
+        m.gauge(
             "mintgate_resident_bytes",
-            "gauge",
             "Resident memory of the process (VmRSS).",
-            m.0 as f64,
+            rss,
         );
-        f.one(
+        m.gauge(
             "mintgate_resident_peak_bytes",
-            "gauge",
             "The most resident memory the process ever had (VmHWM).",
-            m.1 as f64,
+            hwm,
         );
     }
     // Observe, devices and the direct path (pipeline::Gateway::add_metrics_source)
-    gw.extra_metrics(&mut out);
-    crate::process_metrics::render(&mut out);
-    out
+    gw.extra_metrics(m);
+    crate::process_metrics::collect(m);
 }
 
 /// (VmRSS, VmHWM) of this process in bytes, from `/proc/self/status`;

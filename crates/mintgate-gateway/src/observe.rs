@@ -92,14 +92,11 @@ impl Notifier {
     }
 }
 
-/// The Observe counters in the Prometheus text format.
-pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
-    use std::fmt::Write as _;
+/// The Observe counters.
+pub(crate) fn collect(o: &ObserveState, m: &mut crate::exposition::Exposition) {
     let c = o.endpoint.stats();
     let ended: u64 = Ended::ALL.iter().map(|e| c.ended(*e)).sum();
-    crate::metrics::write_families(
-        out,
-        &[
+    m.families(&[
         (
             "mintgate_observe_observers",
             "Observe registrations now (RFC 7641).",
@@ -147,29 +144,20 @@ pub(crate) fn render_metrics(o: &ObserveState, out: &mut String) {
             "Notifications that replaced an unacknowledged CON notification (RFC 7641 4.5.2).",
             c.notifications_replaced.load(Relaxed),
         ),
-        ],
+    ]);
+    m.counters(
+        "mintgate_observe_ended_total",
+        "Observe relations ended, by reason.",
+        "reason",
+        Ended::ALL.iter().map(|e| (e.name(), c.ended(*e))),
     );
-    let _ = writeln!(
-        out,
-        "# HELP mintgate_observe_ended_total Observe relations ended, by reason.\n# TYPE mintgate_observe_ended_total counter"
-    );
-    for e in Ended::ALL {
-        let _ = writeln!(
-            out,
-            "mintgate_observe_ended_total{{reason=\"{}\"}} {}",
-            e.name(),
-            c.ended(e)
-        );
-    }
 }
 
 /// The rest of the endpoint's counters: the message layer's CONs and
 /// address validation.
-pub(crate) fn render_endpoint_metrics(ep: &Endpoint, out: &mut String) {
+pub(crate) fn collect_endpoint(ep: &Endpoint, m: &mut crate::exposition::Exposition) {
     let c = ep.stats();
-    crate::metrics::write_families(
-        out,
-        &[
+    m.families(&[
         (
             "mintgate_coap_pending_con",
             "CON messages (separate responses, notifications) waiting for an ACK.",
@@ -220,6 +208,5 @@ pub(crate) fn render_endpoint_metrics(ep: &Endpoint, out: &mut String) {
             "Requests carrying an Echo option that was not valid (forged, stale, another address's).",
             c.echo_invalid.load(Relaxed),
         ),
-        ],
-    );
+    ]);
 }

@@ -602,10 +602,10 @@ impl Seal for Relation {
 /// The OSCORE option number, for callers that test for it.
 pub const OPTION: OptionNumber = oscore::OSCORE;
 
-/// Writes the OSCORE counters in the Prometheus text format.
-pub fn render_metrics(s: &OscoreStats, out: &mut String) {
+/// The OSCORE counters.
+pub fn collect(s: &OscoreStats, m: &mut crate::exposition::Exposition) {
     labelled(
-        out,
+        m,
         "mintgate_oscore_requests_total",
         "OSCORE requests, by result.",
         &[
@@ -618,7 +618,7 @@ pub fn render_metrics(s: &OscoreStats, out: &mut String) {
         ],
     );
     labelled(
-        out,
+        m,
         "mintgate_oscore_notifications_total",
         "Observe notifications of OSCORE relations, by result (failed: not protectable, the relation ended).",
         &[
@@ -629,12 +629,18 @@ pub fn render_metrics(s: &OscoreStats, out: &mut String) {
 }
 
 /// One counter family with a `result` label.
-fn labelled(out: &mut String, name: &str, help: &str, values: &[(&str, &AtomicU64)]) {
-    use std::fmt::Write as _;
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-    for (label, n) in values {
-        let _ = writeln!(out, "{name}{{result=\"{label}\"}} {}", n.load(Relaxed));
-    }
+fn labelled(
+    m: &mut crate::exposition::Exposition,
+    name: &str,
+    help: &str,
+    values: &[(&str, &AtomicU64)],
+) {
+    m.counters(
+        name,
+        help,
+        "result",
+        values.iter().map(|(label, n)| (*label, n.load(Relaxed))),
+    );
 }
 
 #[cfg(test)]

@@ -68,62 +68,42 @@ pub fn read() -> Option<ProcessFigures> {
     })
 }
 
-/// Appends the `process_*` families (when `/proc` is there) and
+/// The `process_*` families (when `/proc` is there) and
 /// `mintgate_build_info`.
-pub fn render(out: &mut String) {
-    use std::fmt::Write as _;
+pub fn collect(m: &mut crate::exposition::Exposition) {
     if let Some(p) = read() {
-        for (name, kind, help, v) in [
-            (
-                "process_cpu_seconds_total",
-                "counter",
-                "User and system CPU time spent, in seconds.",
-                p.cpu_seconds,
-            ),
-            (
-                "process_resident_memory_bytes",
-                "gauge",
-                "Resident memory size in bytes.",
-                p.resident_bytes as f64,
-            ),
-            (
-                "process_virtual_memory_bytes",
-                "gauge",
-                "Virtual memory size in bytes.",
-                p.virtual_bytes as f64,
-            ),
-            (
-                "process_start_time_seconds",
-                "gauge",
-                "Start time of the process since the Unix epoch, in seconds.",
-                p.start_time_seconds,
-            ),
-            ("process_threads", "gauge", "Threads.", p.threads as f64),
-            (
-                "process_open_fds",
-                "gauge",
-                "Open file descriptors.",
-                p.open_fds as f64,
-            ),
-            (
-                "process_max_fds",
-                "gauge",
-                "The limit on open file descriptors.",
-                p.max_fds as f64,
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
-        }
+        m.counter(
+            "process_cpu_seconds_total",
+            "User and system CPU time spent, in seconds.",
+            p.cpu_seconds,
+        );
+        m.gauge(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            p.resident_bytes,
+        );
+        m.gauge(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            p.virtual_bytes,
+        );
+        m.gauge(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch, in seconds.",
+            p.start_time_seconds,
+        );
+        m.gauge("process_threads", "Threads.", p.threads);
+        m.gauge("process_open_fds", "Open file descriptors.", p.open_fds);
+        m.gauge(
+            "process_max_fds",
+            "The limit on open file descriptors.",
+            p.max_fds,
+        );
     }
-    let _ = writeln!(
-        out,
-        "# HELP mintgate_build_info The build: its version (always 1).\n\
-         # TYPE mintgate_build_info gauge\n\
-         mintgate_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
+    m.info(
+        "mintgate_build",
+        "The build: its version (always 1).",
+        &[("version", env!("CARGO_PKG_VERSION"))],
     );
 }
 
@@ -152,8 +132,7 @@ mod tests {
             .unwrap()
             .as_secs_f64();
         assert!(p.start_time_seconds <= now + 1.0 && p.start_time_seconds > now - 86_400.0 * 365.0);
-        let mut out = String::new();
-        render(&mut out);
+        let out = crate::exposition::render(crate::exposition::Format::Prometheus, collect);
         assert!(out.contains("\nprocess_threads "), "{out}");
         assert!(out.contains("mintgate_build_info{version=\""), "{out}");
     }

@@ -203,8 +203,7 @@ fn put_in_blocks_then_get_in_blocks() {
         b"",
     );
     assert_eq!((r.code, r.etag), (Code::VALID, tag));
-    let mut m = String::new();
-    gw.handle().extra_metrics(&mut m);
+    let m = mintgate_gateway::metrics::render_prometheus(&gw.handle());
     assert!(m.contains("mintgate_block1_completed_total 1\n"), "{m}");
     assert!(m.contains("mintgate_block1_continue_total 78\n"), "{m}");
 }
@@ -328,8 +327,7 @@ fn limits_missing_blocks_and_retransmissions() {
     assert_eq!(r.code, Code::REQUEST_ENTITY_INCOMPLETE);
     // every answer above is on /metrics, by cause, and the exchanges are
     // remembered for de-duplication
-    let mut m = String::new();
-    gw.handle().extra_metrics(&mut m);
+    let m = mintgate_gateway::metrics::render_prometheus(&gw.handle());
     let value = |name: &str| -> u64 {
         m.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())

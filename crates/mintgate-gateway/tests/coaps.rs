@@ -151,8 +151,7 @@ fn every_resource_answers_over_coaps_with_the_identity_visible() {
     assert_eq!(st.malformed.load(Relaxed), 1);
     assert!(st.decrypted.load(Relaxed) >= 6);
     assert!(st.encrypted.load(Relaxed) >= 6);
-    let mut m = String::new();
-    gw.handle().extra_metrics(&mut m);
+    let m = mintgate_gateway::metrics::render_prometheus(&gw.handle());
     assert!(m.contains("mintgate_coaps_handshakes_total 2"), "{m}");
     assert!(m.contains("mintgate_coaps_sessions 2"), "{m}");
 }

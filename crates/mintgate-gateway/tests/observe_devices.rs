@@ -540,7 +540,20 @@ fn metrics_show_observe_and_the_direct_path() {
     assert!(value("mintgate_directpath_e2e_latency_seconds_count") >= 5.0);
     assert!(value("mintgate_devices") >= 3.0);
     assert_eq!(value("mintgate_observe_observers"), 0.0);
-    assert!(text.contains("mintgate_directpath_e2e_latency_seconds{quantile=\"0.99\"}"));
+    // a histogram: cumulative buckets up to +Inf, which holds every event
+    let inf = "mintgate_directpath_e2e_latency_seconds_bucket{le=\"+Inf\"} ";
+    assert!(text.contains("# TYPE mintgate_directpath_e2e_latency_seconds histogram\n"));
+    let buckets: Vec<u64> = text
+        .lines()
+        .filter(|l| l.starts_with("mintgate_directpath_e2e_latency_seconds_bucket{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(buckets.len(), 20, "{text}");
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+    assert!(text.contains(&format!(
+        "{inf}{}",
+        value("mintgate_directpath_e2e_latency_seconds_count")
+    )));
 }
 
 #[test]

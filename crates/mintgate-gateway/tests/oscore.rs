@@ -256,8 +256,7 @@ fn protected_requests_reach_handlers_with_the_oscore_identity() {
         (Code::UNAUTHORIZED, &b"Security context not found"[..])
     );
 
-    let mut metrics = String::new();
-    gw.handle().extra_metrics(&mut metrics);
+    let metrics = mintgate_gateway::metrics::render_prometheus(&gw.handle());
     assert!(
         metrics.contains("mintgate_oscore_requests_total{result=\"replay\"} 1"),
         "{metrics}"
@@ -469,8 +468,7 @@ fn a_protected_observation_gets_protected_notifications_in_order() {
             "a notification after the deregistration"
         );
     }
-    let mut metrics = String::new();
-    gw.handle().extra_metrics(&mut metrics);
+    let metrics = mintgate_gateway::metrics::render_prometheus(&gw.handle());
     assert!(
         metrics.contains("mintgate_oscore_notifications_total{result=\"protected\"} 4"),
         "{metrics}"

@@ -548,8 +548,7 @@ fn a_handler_that_panics_answers_5_00_and_its_thread_goes_on() {
         assert_eq!(Packet::new_checked(&b[..]).unwrap().payload(), b"fine");
     }
     assert_eq!(gw.htp_threads(), 1);
-    let mut m = String::new();
-    gw.handle().extra_metrics(&mut m);
+    let m = mintgate_gateway::metrics::render_prometheus(&gw.handle());
     assert!(m.contains("mintgate_handler_panics_total 3"), "{m}");
 }
 
@@ -580,7 +579,6 @@ fn separate_responses_are_retransmitted_with_the_random_factor() {
     assert!(t1 >= Duration::from_millis(190), "{t1:?}");
     // the timeout doubles: at least 2 x 200 ms (less a timer tick)
     assert!(t2 - t1 >= Duration::from_millis(370), "{t1:?} then {t2:?}");
-    let mut m = String::new();
-    gw.handle().extra_metrics(&mut m);
+    let m = mintgate_gateway::metrics::render_prometheus(&gw.handle());
     assert!(m.contains("mintgate_coap_con_given_up_total 1"), "{m}");
 }

@@ -84,6 +84,37 @@ impl Histogram {
         }
     }
 
+    /// Sum of the values recorded, in nanoseconds.
+    pub fn sum(&self) -> u64 {
+        self.sum.load(Relaxed)
+    }
+
+    /// Counts for a Prometheus histogram with upper bounds `bounds`
+    /// (nanoseconds, increasing): entry `k` counts the values above
+    /// `bounds[k - 1]` and at most `bounds[k]`. A bucket of this histogram
+    /// is counted under the first bound its largest value does not exceed,
+    /// so a bound that falls inside a bucket (12.5 % wide) undercounts by
+    /// that bucket; values above the last bound are left to `+Inf`
+    /// (`count()` minus the sum of the entries).
+    pub fn counts_at(&self, bounds: &[u64]) -> Vec<u64> {
+        let mut out = vec![0u64; bounds.len()];
+        for (i, b) in self.buckets.iter().enumerate() {
+            let n = b.load(Relaxed);
+            if n == 0 {
+                continue;
+            }
+            let top = if i + 1 < BUCKETS {
+                lower(i + 1) - 1
+            } else {
+                u64::MAX
+            };
+            if let Some(k) = bounds.iter().position(|&bound| top <= bound) {
+                out[k] += n;
+            }
+        }
+        out
+    }
+
     /// The `q` quantile (0..=1): the middle of the bucket holding it, so
     /// within 6.25 % of the true value (0 when empty).
     pub fn quantile(&self, q: f64) -> u64 {
@@ -114,6 +145,23 @@ impl Histogram {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn counts_at_bounds_put_each_value_under_its_bound() {
+        let h = Histogram::default();
+        for v in [3, 7, 100, 1_000, 1_000_000, u64::MAX / 2] {
+            h.record(v);
+        }
+        // 7 and below are exact; 100 lies in [96, 104), 1000 in [960, 1024)
+        let c = h.counts_at(&[7, 100, 2_000, 10_000_000]);
+        assert_eq!(c, vec![2, 0, 2, 1], "100 has 103 in its bucket, above 100");
+        assert_eq!(
+            h.count() - c.iter().sum::<u64>(),
+            1,
+            "one above every bound"
+        );
+        assert_eq!(h.counts_at(&[103]), vec![3]);
+    }
 
     #[test]
     fn buckets_tile_the_range() {

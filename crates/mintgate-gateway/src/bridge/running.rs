@@ -24,6 +24,7 @@ use super::publish::{publish_loop, start_broker, start_queue, Hub};
 use super::routes::{device_routes, register_mqtt_output, watch_devices, Route};
 use super::{commands, observe, spawn, BridgeCounters, BridgeError};
 use crate::config::MqttSection;
+use crate::exposition::Exposition;
 use crate::pipeline::MetricsSource;
 
 /// How long the queue may take to get its last messages acknowledged when
@@ -265,7 +266,7 @@ impl MqttBridge {
             .as_ref()
             .map(Arc::downgrade)
             .unwrap_or_default();
-        Arc::new(move |out: &mut String| render_metrics(&c, p.upgrade().map(|p| p.status()), out))
+        Arc::new(move |m: &mut Exposition| collect(&c, p.upgrade().map(|p| p.status()), m))
     }
 
     /// The uplink's readiness check and its name (`mqtt` or `nats`), for
@@ -383,121 +384,98 @@ impl Drop for MqttBridge {
     }
 }
 
-/// The bridges' counters and the queue's state in the Prometheus text
-/// format.
-fn render_metrics(c: &BridgeCounters, st: Option<Status>, out: &mut String) {
-    use std::fmt::Write as _;
-    let mut one = |name: &str, kind: &str, help: &str, labels: &[(&str, u64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (l, v) in labels {
-            let _ = writeln!(out, "{name}{l} {v}");
-        }
-    };
+/// The bridges' counters and the queue's state.
+fn collect(c: &BridgeCounters, st: Option<Status>, m: &mut Exposition) {
     let g = |a: &AtomicU64| a.load(Relaxed);
-    one(
+    m.counter(
         "mintgate_mqtt_bridge_enqueued_total",
-        "counter",
         "Messages the bridges put in the publish queue (durable).",
-        &[("", g(&c.enqueued))],
+        g(&c.enqueued),
     );
-    one(
+    m.counters(
         "mintgate_mqtt_bridge_dropped_total",
-        "counter",
         "Values the bridges dropped, by reason (backlog full, queue error).",
-        &[
-            ("{reason=\"backlog\"}", g(&c.dropped_backlog)),
-            ("{reason=\"error\"}", g(&c.dropped_error)),
+        "reason",
+        [
+            ("backlog", g(&c.dropped_backlog)),
+            ("error", g(&c.dropped_error)),
         ],
     );
-    one(
+    m.counter(
         "mintgate_mqtt_bridge_skipped_total",
-        "counter",
         "Device values skipped by a min_interval.",
-        &[("", g(&c.skipped))],
+        g(&c.skipped),
     );
-    one(
+    m.counters(
         "mintgate_mqtt_bridge_commands_total",
-        "counter",
         "MQTT commands, by result (applied to the actuator, rejected).",
-        &[
-            ("{result=\"applied\"}", g(&c.commands_applied)),
-            ("{result=\"rejected\"}", g(&c.commands_rejected)),
+        "result",
+        [
+            ("applied", g(&c.commands_applied)),
+            ("rejected", g(&c.commands_rejected)),
         ],
     );
-    one(
+    m.counter(
         "mintgate_mqtt_bridge_observe_notifications_total",
-        "counter",
         "Notifications received from observed CoAP resources.",
-        &[("", g(&c.observe_notifications))],
+        g(&c.observe_notifications),
     );
-    one(
+    m.counter(
         "mintgate_mqtt_bridge_observe_registrations_total",
-        "counter",
         "Observe registrations sent (first ones and renewals).",
-        &[("", g(&c.observe_registrations))],
+        g(&c.observe_registrations),
     );
-    let gauges = st.as_ref().map(|st| (st.bytes, st.store_full));
-    if let Some(st) = st {
-        one(
-            "mintgate_mqtt_published_total",
-            "counter",
-            "Queued messages the broker acknowledged.",
-            &[("", st.queue.acked)],
-        );
-        one(
-            "mintgate_mqtt_retransmitted_total",
-            "counter",
-            "Queued messages sent again after a lost connection.",
-            &[("", st.queue.retransmitted)],
-        );
-        one(
-            "mintgate_mqtt_unacked",
-            "gauge",
-            "Queued messages not yet acknowledged.",
-            &[("", st.unacked as u64)],
-        );
-        one(
-            "mintgate_mqtt_queue_dropped_total",
-            "counter",
-            "Queued messages dropped unsent, by reason (full: the oldest, to make room under \
-             mqtt.queue; broker: its PUBACK refused the message).",
-            &[
-                ("{reason=\"full\"}", st.queue.dropped_full),
-                ("{reason=\"broker\"}", st.queue.refused_by_broker),
-            ],
-        );
-        one(
-            "mintgate_mqtt_queue_refused_total",
-            "counter",
-            "New messages the publish queue refused, by reason (full: mqtt.queue.when_full = \
-             refuse-new; disk: its store could not write).",
-            &[
-                ("{reason=\"full\"}", st.queue.refused_full),
-                ("{reason=\"disk\"}", st.queue.refused_disk),
-            ],
-        );
-        one(
-            "mintgate_mqtt_connected",
-            "gauge",
-            "1 while the publish queue is connected to the broker.",
-            &[("", u64::from(st.connected))],
-        );
-    }
-    if let Some((bytes, store_full)) = gauges {
-        crate::metrics::write_families(
-            out,
-            &[
-                (
-                    "mintgate_mqtt_queue_bytes",
-                    "Bytes (topics and payloads) of the queued messages not yet acknowledged.",
-                    bytes,
-                ),
-                (
-                    "mintgate_mqtt_store_full",
-                    "1 while the publish queue's store cannot write (disk full).",
-                    u64::from(store_full),
-                ),
-            ],
-        );
-    }
+    let Some(st) = st else {
+        return;
+    };
+    m.counter(
+        "mintgate_mqtt_published_total",
+        "Queued messages the broker acknowledged.",
+        st.queue.acked,
+    );
+    m.counter(
+        "mintgate_mqtt_retransmitted_total",
+        "Queued messages sent again after a lost connection.",
+        st.queue.retransmitted,
+    );
+    m.gauge(
+        "mintgate_mqtt_unacked",
+        "Queued messages not yet acknowledged.",
+        st.unacked,
+    );
+    m.counters(
+        "mintgate_mqtt_queue_dropped_total",
+        "Queued messages dropped unsent, by reason (full: the oldest, to make room under \
+         mqtt.queue; broker: its PUBACK refused the message).",
+        "reason",
+        [
+            ("full", st.queue.dropped_full),
+            ("broker", st.queue.refused_by_broker),
+        ],
+    );
+    m.counters(
+        "mintgate_mqtt_queue_refused_total",
+        "New messages the publish queue refused, by reason (full: mqtt.queue.when_full = \
+         refuse-new; disk: its store could not write).",
+        "reason",
+        [
+            ("full", st.queue.refused_full),
+            ("disk", st.queue.refused_disk),
+        ],
+    );
+    m.gauge(
+        "mintgate_mqtt_connected",
+        "1 while the publish queue is connected to the broker.",
+        st.connected,
+    );
+    m.gauge(
+        "mintgate_mqtt_queue_bytes",
+        "Bytes (topics and payloads) of the queued messages not yet acknowledged.",
+        st.bytes,
+    );
+    m.gauge(
+        "mintgate_mqtt_store_full",
+        "1 while the publish queue's store cannot write (disk full).",
+        st.store_full,
+    );
 }

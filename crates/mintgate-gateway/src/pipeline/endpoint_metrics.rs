@@ -2,11 +2,11 @@
 
 use mintgate_coap::server::{Block1Stats, DedupSize, DedupStats};
 
-/// The Block1 reassembly counters in the Prometheus text format.
-pub(super) fn render_block1_metrics(st: &Block1Stats, held: usize, bytes: usize, out: &mut String) {
-    crate::metrics::write_families(
-        out,
-        &[
+use crate::exposition::Exposition;
+
+/// The Block1 reassembly counters.
+pub(super) fn collect_block1(st: &Block1Stats, held: usize, bytes: usize, m: &mut Exposition) {
+    m.families(&[
             (
                 "mintgate_block1_transfers",
                 "Block1 transfers held (in progress, or completed and kept for Block2).",
@@ -87,51 +87,47 @@ pub(super) fn render_block1_metrics(st: &Block1Stats, held: usize, bytes: usize,
                 "Unfinished transfers of the heaviest source evicted for a lighter source's.",
                 st.evicted_heaviest,
             ),
-        ],
-    );
+    ]);
 }
 
-/// The de-duplication tables' gauges and counters in the Prometheus text
-/// format (summed over the endpoint's shards).
-pub(super) fn render_dedup_metrics(z: &DedupSize, c: &DedupStats, out: &mut String) {
-    crate::metrics::write_families(
-        out,
-        &[
-            (
-                "mintgate_dedup_entries",
-                "Exchanges remembered for de-duplication.",
-                z.entries as u64,
-            ),
-            (
-                "mintgate_dedup_queued",
-                "Slots of the de-duplication expiry queue, live and stale.",
-                z.queued as u64,
-            ),
-            (
-                "mintgate_dedup_bytes",
-                "Bytes of responses cached for de-duplication.",
-                z.bytes as u64,
-            ),
-            (
-                "mintgate_dedup_evicted_early_total",
-                "Exchanges forgotten before their lifetime: the table was full.",
-                c.evicted_early,
-            ),
-            (
-                "mintgate_dedup_evicted_bytes_total",
-                "Exchanges forgotten before their lifetime: cached responses weighed too much.",
-                c.evicted_bytes,
-            ),
-            (
-                "mintgate_dedup_too_heavy_total",
-                "Responses not cached: heavier alone than the byte budget.",
-                c.too_heavy,
-            ),
-            (
-                "mintgate_dedup_forgotten_total",
-                "Exchanges forgotten on purpose (shed requests).",
-                c.forgotten,
-            ),
-        ],
-    );
+/// The de-duplication tables' gauges and counters (summed over the
+/// endpoint's shards).
+pub(super) fn collect_dedup(z: &DedupSize, c: &DedupStats, m: &mut Exposition) {
+    m.families(&[
+        (
+            "mintgate_dedup_entries",
+            "Exchanges remembered for de-duplication.",
+            z.entries as u64,
+        ),
+        (
+            "mintgate_dedup_queued",
+            "Slots of the de-duplication expiry queue, live and stale.",
+            z.queued as u64,
+        ),
+        (
+            "mintgate_dedup_bytes",
+            "Bytes of responses cached for de-duplication.",
+            z.bytes as u64,
+        ),
+        (
+            "mintgate_dedup_evicted_early_total",
+            "Exchanges forgotten before their lifetime: the table was full.",
+            c.evicted_early,
+        ),
+        (
+            "mintgate_dedup_evicted_bytes_total",
+            "Exchanges forgotten before their lifetime: cached responses weighed too much.",
+            c.evicted_bytes,
+        ),
+        (
+            "mintgate_dedup_too_heavy_total",
+            "Responses not cached: heavier alone than the byte budget.",
+            c.too_heavy,
+        ),
+        (
+            "mintgate_dedup_forgotten_total",
+            "Exchanges forgotten on purpose (shed requests).",
+            c.forgotten,
+        ),
+    ]);
 }

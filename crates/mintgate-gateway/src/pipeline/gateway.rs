@@ -22,11 +22,12 @@ use crate::queue::HtpQueue;
 use crate::udp::{self};
 use mintgate_dtls::DtlsServer;
 
-use super::endpoint_metrics::{render_block1_metrics, render_dedup_metrics};
+use super::endpoint_metrics::{collect_block1, collect_dedup};
 use super::receive::receive_loop;
 use super::timers::{notify_loop, timer_loop};
 use super::workers::{handler_loop, serve_reliable};
 use super::{fatal_on_panic, MetricsSource, Shared, StartError, StateSource, MAX_HTP_THREADS};
+use crate::exposition::Exposition;
 
 /// A running gateway. Dropping it stops every thread.
 pub struct Gateway {
@@ -543,23 +544,20 @@ impl GatewayHandle {
         }
     }
 
-    /// Appends the Observe counters and every added metrics source, in the
-    /// Prometheus text format.
-    pub fn extra_metrics(&self, out: &mut String) {
-        crate::observe::render_metrics(&self.shared.observe, out);
-        crate::observe::render_endpoint_metrics(&self.shared.endpoint, out);
-        {
-            use std::fmt::Write as _;
-            let _ = writeln!(
-                out,
-                "# HELP mintgate_handler_panics_total Handlers that panicked (answered 5.00; the thread goes on).\n# TYPE mintgate_handler_panics_total counter\nmintgate_handler_panics_total {}",
-                self.shared.handler_panics.load(Relaxed)
-            );
-        }
+    /// The Observe, endpoint, transport and security counters and every
+    /// added metrics source.
+    pub fn extra_metrics(&self, m: &mut Exposition) {
+        crate::observe::collect(&self.shared.observe, m);
+        crate::observe::collect_endpoint(&self.shared.endpoint, m);
+        m.counter(
+            "mintgate_handler_panics_total",
+            "Handlers that panicked (answered 5.00; the thread goes on).",
+            self.shared.handler_panics.load(Relaxed),
+        );
         let (stats, held, bytes) = self.shared.endpoint.block1();
-        render_block1_metrics(&stats, held, bytes, out);
+        collect_block1(&stats, held, bytes, m);
         let (size, dd) = self.shared.endpoint.dedup_summary();
-        render_dedup_metrics(&size, &dd, out);
+        collect_dedup(&size, &dd, m);
         let dtls: Vec<&mintgate_dtls::DtlsStats> = self
             .shared
             .dtls
@@ -567,17 +565,17 @@ impl GatewayHandle {
             .flatten()
             .map(|d| &**d.stats())
             .collect();
-        crate::dtls::render_metrics(&dtls, out);
-        self.shared.access.render_metrics(out);
-        self.shared.dashboard_refused.render_metrics(out);
+        crate::dtls::collect(&dtls, m);
+        self.shared.access.collect(m);
+        self.shared.dashboard_refused.collect(m);
         if let Some(t) = &self.shared.tcp_stats {
-            t.render(out);
+            t.collect(m);
         }
         if let Some(o) = &self.shared.oscore {
-            crate::oscore::render_metrics(o.stats(), out);
+            crate::oscore::collect(o.stats(), m);
         }
         for f in self.shared.metrics_sources.read().iter() {
-            f(out);
+            f(m);
         }
     }
 

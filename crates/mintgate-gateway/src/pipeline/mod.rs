@@ -135,8 +135,8 @@ struct Shared {
     health: crate::health::Health,
 }
 
-/// Writes metric families in the Prometheus text format.
-pub type MetricsSource = Arc<dyn Fn(&mut String) + Send + Sync>;
+/// Writes metric families at each scrape ([`crate::exposition`]).
+pub type MetricsSource = Arc<dyn Fn(&mut crate::exposition::Exposition) + Send + Sync>;
 
 /// Returns one section of the dashboard's state as JSON, read from the same
 /// counters the section's metrics come from.
