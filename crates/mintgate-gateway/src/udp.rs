@@ -33,8 +33,14 @@ pub fn bind(addr: SocketAddr, recv_buf: usize, send_buf: usize) -> io::Result<Ud
 }
 
 fn to_socket_addr(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
-    // SAFETY: ss is a sockaddr_storage of `len` valid bytes filled by the kernel.
-    let sa = unsafe { SockAddr::new(*ss, len) };
+    let mut storage = socket2::SockAddrStorage::zeroed();
+    // SAFETY: ss is a sockaddr_storage of `len` valid bytes filled by the
+    // kernel; the storage is one too (view_as's requirement), and SockAddr::new
+    // reads only its first `len` bytes.
+    let sa = unsafe {
+        *storage.view_as::<libc::sockaddr_storage>() = *ss;
+        SockAddr::new(storage, len)
+    };
     // v4-mapped peers on a dual-stack socket stay mapped: that is the form
     // the same socket needs to answer them.
     sa.as_socket()

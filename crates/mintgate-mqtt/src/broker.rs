@@ -119,7 +119,7 @@ fn nodelay_on_listeners(addrs: &[SocketAddr]) -> io::Result<usize> {
             .and_then(|a| a.as_socket())
             .is_some_and(|a| addrs.contains(&a));
         if ours && sock.is_listener().unwrap_or(false) {
-            sock.set_nodelay(true)?;
+            sock.set_tcp_nodelay(true)?;
             found += 1;
         }
     }

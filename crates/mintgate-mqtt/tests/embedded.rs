@@ -247,7 +247,7 @@ fn accepted_connections_have_nodelay() {
                 let local = s.local_addr().ok().and_then(|a| a.as_socket());
                 let peer = s.peer_addr().ok().and_then(|a| a.as_socket());
                 if local == Some(addr) && peer == Some(me) {
-                    found = Some(s.nodelay().unwrap());
+                    found = Some(s.tcp_nodelay().unwrap());
                 }
             }
             if let Some(n) = found {
