@@ -45,7 +45,7 @@ use anyhow::Context as _;
 use mintgate_coap::wire::OptionNumber;
 use mintgate_gateway::observe_client::{Observation, ObserveEvent};
 use mintgate_mqtt::{SubEvent, Subscriber, SubscriberConfig};
-use rand::{Rng as _, SeedableRng as _};
+use rand::{RngExt as _, SeedableRng as _};
 
 use crate::footprint::{free_tcp_port, free_udp_port, scrape, Proc};
 use crate::{line, target_line, LabOptions, Summary};
@@ -724,7 +724,7 @@ pub fn lab_fieldbus(o: &FieldbusOptions) -> anyhow::Result<Summary> {
 
     // The measured window.
     let period = o.period();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed);
+    let mut rng = rand::rngs::ChaCha12Rng::seed_from_u64(o.seed);
     let sim_pid = sim.proc.0.id();
     let broker_pid = mosquitto.as_ref().and_then(|m| m.pid());
     let load_before = loadavg();
@@ -739,7 +739,7 @@ pub fn lab_fieldbus(o: &FieldbusOptions) -> anyhow::Result<Summary> {
     let mut k: u32 = 0;
     let mut next_report = t0 + Duration::from_secs(5);
     loop {
-        let gap = period.mul_f64(rng.gen_range(2.0..4.0));
+        let gap = period.mul_f64(rng.random_range(2.0..4.0));
         let at = Instant::now() + gap;
         if at >= end {
             std::thread::sleep(end.saturating_duration_since(Instant::now()));

@@ -1,7 +1,7 @@
 //! Loss models.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha12Rng;
+use rand::rngs::ChaCha12Rng;
+use rand::{RngExt, SeedableRng};
 
 /// Decides, datagram by datagram, which are lost.
 ///
@@ -52,20 +52,20 @@ impl LossModel {
     /// Whether the next datagram is lost.
     pub fn lose(&mut self) -> bool {
         if !self.bursty {
-            return self.rate > 0.0 && self.rng.gen::<f64>() < self.rate;
+            return self.rate > 0.0 && self.rng.random::<f64>() < self.rate;
         }
         let p = if self.bad {
             1.0 - self.p_leave_bad
         } else {
             self.p_enter_bad
         };
-        self.bad = self.rng.gen::<f64>() < p;
+        self.bad = self.rng.random::<f64>() < p;
         self.bad
     }
 
     /// A uniform draw in `[-1, 1]` from the same seeded stream (for jitter).
     pub fn symmetric(&mut self) -> f64 {
-        self.rng.gen_range(-1.0..=1.0)
+        self.rng.random_range(-1.0..=1.0)
     }
 }
 

@@ -48,8 +48,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha12Rng;
+use rand::rngs::ChaCha12Rng;
+use rand::{RngExt, SeedableRng};
 
 use crate::rto::{RtoController, TransmissionParams};
 use crate::wire::{head_len, Code, MessageType, MessageWriter, OptionNumber, Packet, WriteError};
@@ -298,7 +298,7 @@ impl Client {
     /// tokens and the first message ID from an RNG seeded with `seed`.
     pub fn new(config: ClientConfig, rto: Box<dyn RtoController>, seed: u64) -> Client {
         let mut rng = ChaCha12Rng::seed_from_u64(seed);
-        let next_mid = rng.gen();
+        let next_mid = rng.random();
         Client {
             config,
             rto,
@@ -807,7 +807,7 @@ impl Client {
     fn new_token(&mut self, dest: SocketAddr) -> Token {
         let len = self.config.token_len.clamp(4, 8);
         loop {
-            let t = Token::new(self.rng.gen(), len);
+            let t = Token::new(self.rng.random(), len);
             if !self.by_token.contains_key(&(dest, t)) {
                 return t;
             }

@@ -47,8 +47,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use rand::rngs::ChaCha12Rng;
 use rand::SeedableRng;
-use rand_chacha::ChaCha12Rng;
 
 use super::table::DestTable;
 use super::{RtoController, TransmissionParams};

@@ -31,8 +31,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha12Rng;
+use rand::rngs::ChaCha12Rng;
+use rand::{RngExt, SeedableRng};
 
 use super::table::DestTable;
 use super::{RtoController, TransmissionParams};
@@ -185,7 +185,7 @@ impl RtoController for Cocoa {
         } else {
             INITIAL_RTO * in_flight.max(1) as u32
         };
-        base.mul_f64(self.rng.gen_range(1.0..=1.5))
+        base.mul_f64(self.rng.random_range(1.0..=1.5))
     }
 
     fn backoff(

@@ -215,10 +215,10 @@ impl TransmissionParams {
     /// RFC 7252's first timeout of a CON: `ack_timeout` times a random
     /// factor in `[1, ack_random_factor]`. A factor of 1 (or a nonsensical
     /// one below it, or NaN) means no randomisation.
-    pub fn initial_timeout(&self, rng: &mut impl rand::Rng) -> Duration {
+    pub fn initial_timeout(&self, rng: &mut impl rand::RngExt) -> Duration {
         let factor = self.ack_random_factor;
         if factor > 1.0 && factor.is_finite() {
-            self.ack_timeout.mul_f64(rng.gen_range(1.0..=factor))
+            self.ack_timeout.mul_f64(rng.random_range(1.0..=factor))
         } else {
             self.ack_timeout
         }

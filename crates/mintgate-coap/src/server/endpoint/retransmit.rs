@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use rand::rngs::ChaCha12Rng;
 use rand::SeedableRng;
-use rand_chacha::ChaCha12Rng;
 
 use crate::rto::TransmissionParams;
 use crate::server::observe::Token;
