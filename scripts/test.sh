@@ -71,6 +71,12 @@ if ! target/py-venv/bin/python -c 'import websockets' 2>/dev/null; then
   step "installing websockets into target/py-venv"
   target/py-venv/bin/pip install -q 'websockets>=13,<16'
 fi
+# prometheus_client: the Prometheus project's parsers of the text format
+# and of OpenMetrics, to read /metrics (tests/health.rs, metrics_parse.py)
+if ! target/py-venv/bin/python -c 'import prometheus_client.openmetrics.parser' 2>/dev/null; then
+  step "installing prometheus-client into target/py-venv"
+  target/py-venv/bin/pip install -q 'prometheus-client>=0.21,<1'
+fi
 # amqtt: an MQTT broker no one here wrote with WebSocket listeners (ws://,
 # wss://; Debian's mosquitto cannot open one here)
 if [ ! -x target/py-venv/bin/amqtt ]; then

@@ -208,3 +208,104 @@ fn a_standalone_proxy_is_healthy_and_ready_once_listening() {
     assert!(p.terminate(Duration::from_secs(10)), "{}", p.log_text());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `/metrics` read by the Prometheus project's own Python client, a parser
+/// no one here wrote, in both formats the endpoint speaks: the Prometheus
+/// text format by default and OpenMetrics when `Accept` asks for it (as
+/// Prometheus does). OpenMetrics' parser is strict: a page that parses has
+/// its `# EOF`, counters with `_total` samples, histograms with `+Inf`, and
+/// no family twice.
+#[test]
+fn metrics_parse_with_the_prometheus_client_in_both_formats() {
+    let Some(py) = venv_python("prometheus_client") else {
+        return;
+    };
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/metrics_parse.py");
+    let dir = tmp_dir("metrics-parse");
+    let (coap, http_port, metrics) = (free_udp(), free_tcp(), free_tcp());
+    let cfg = write_config(
+        &dir,
+        coap,
+        &format!(
+            "[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[proxy]\nhttp = \"127.0.0.1:{http_port}\"\n"
+        ),
+    );
+    let mut gw = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    gw.wait_log("mintgate serving CoAP", Duration::from_secs(20));
+    let coap_addr: SocketAddr = format!("127.0.0.1:{coap}").parse().unwrap();
+    for _ in 0..3 {
+        assert!(coap_get(coap_addr, "request").is_some());
+    }
+    let parse = |body: &str, om: bool| -> serde_json::Value {
+        let file = dir.join(if om { "om.txt" } else { "prom.txt" });
+        std::fs::write(&file, body).unwrap();
+        let mut cmd = Command::new(&py);
+        cmd.arg(script);
+        if om {
+            cmd.arg("--openmetrics");
+        }
+        let out = cmd.arg(&file).output().unwrap();
+        assert!(out.status.success(), "{}\n{body}", output_text(&out));
+        json(&String::from_utf8_lossy(&out.stdout))
+    };
+
+    let (st, head, prom) = http(metrics, "GET", "/metrics", &[], b"");
+    assert_eq!(st, 200, "{head}");
+    assert!(
+        head.contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let p = parse(&prom, false);
+    let (st, head, om) = http(
+        metrics,
+        "GET",
+        "/metrics",
+        &[(
+            "Accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )],
+        b"",
+    );
+    assert_eq!(st, 200, "{head}");
+    assert!(
+        head.contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    let o = parse(&om, true);
+
+    let kind = |v: &serde_json::Value, name: &str| v["families"][name].as_str().map(str::to_owned);
+    for (name, want) in [
+        ("mintgate_nr_datagrams", "counter"),
+        ("mintgate_htp_threads", "gauge"),
+        ("mintgate_dropped", "counter"),
+        ("mintgate_directpath_e2e_latency_seconds", "histogram"),
+        ("mintgate_proxy_connections_handed_off", "counter"),
+        ("process_cpu_seconds", "counter"),
+        ("mintgate_build", "info"),
+    ] {
+        assert_eq!(kind(&o, name).as_deref(), Some(want), "{name} in {om}");
+    }
+    // the same families either way (an info family is a gauge in 0.0.4)
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        let mut n: Vec<String> = v["families"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.trim_end_matches("_info").to_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    let (pn, on) = (names(&p), names(&o));
+    assert!(on.len() > 100, "{on:?}");
+    assert_eq!(pn.len(), on.len(), "{pn:?}\n{on:?}");
+    // every GET was counted, in either exposition
+    for v in [&p, &o] {
+        let n = v["samples"]["mintgate_nr_datagrams_total"].as_f64();
+        assert!(n.is_some_and(|n| n >= 3.0), "{v}");
+        assert!(v["samples"]["mintgate_dropped_total{reason=\"peer_limit\"}"].is_number());
+    }
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}

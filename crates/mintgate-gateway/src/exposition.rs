@@ -179,7 +179,9 @@ impl<'a> Exposition<'a> {
     }
 
     /// A histogram: `buckets` are `(upper bound, count in that bucket
-    /// alone)`, in increasing order; `+Inf` is added from `count`.
+    /// alone)`, in increasing order; the `+Inf` bucket is added from
+    /// `count` (prometheus-client's OpenMetrics encoder writes only the
+    /// buckets it is given, and OpenMetrics requires `+Inf`).
     pub fn histogram(
         &mut self,
         name: &str,
@@ -188,8 +190,13 @@ impl<'a> Exposition<'a> {
         count: u64,
         buckets: &[(f64, u64)],
     ) {
+        let mut all = buckets.to_vec();
+        if all.last().is_none_or(|(b, _)| *b != f64::INFINITY) {
+            let below: u64 = buckets.iter().map(|(_, n)| n).sum();
+            all.push((f64::INFINITY, count.saturating_sub(below)));
+        }
         self.family(name, help, MetricType::Histogram, |m| {
-            m.encode_histogram::<NoLabelSet>(sum, count, buckets, None)
+            m.encode_histogram::<NoLabelSet>(sum, count, &all, None)
         });
     }
 
@@ -352,6 +359,15 @@ mod tests {
         ] {
             assert!(t.contains(line), "{line} in {t}");
         }
+    }
+
+    #[test]
+    fn openmetrics_histograms_have_inf_too() {
+        let t = text(Format::OpenMetrics, |m| {
+            m.histogram("h_seconds", "H.", 0.5, 4, &[(0.1, 1), (1.0, 2)]);
+        });
+        assert!(t.contains("h_seconds_bucket{le=\"+Inf\"} 4\n"), "{t}");
+        assert_eq!(t.matches("+Inf").count(), 1, "{t}");
     }
 
     #[test]
