@@ -486,9 +486,7 @@ const COLORS: [RGBColor; 3] = [
     RGBColor(0xd6, 0x27, 0x28),
 ];
 
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("drawing the chart: {e}")
-}
+use crate::plot::err;
 
 /// Answered rate per server against `x` (mean over runs at each x).
 #[allow(clippy::too_many_arguments)]
@@ -546,12 +544,10 @@ fn plot(
             )
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    crate::plot::legend(
+        &mut chart.configure_series_labels(),
+        SeriesLabelPosition::MiddleRight,
+    )?;
     root.present().map_err(err)?;
     Ok(())
 }

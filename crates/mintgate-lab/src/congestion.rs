@@ -923,9 +923,7 @@ const COLORS: [RGBColor; 3] = [
     RGBColor(0x2c, 0xa0, 0x2c),
 ];
 
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("drawing the chart: {e}")
-}
+use crate::plot::err;
 
 /// `congestion.svg`: per loss level, the interval means of the three
 /// algorithms (solid: ours; dashed: the paper's).
@@ -988,13 +986,12 @@ fn plot(path: &Path, cases: &[Case], real: bool) -> anyhow::Result<()> {
                 .label(format!("{} (paper)", a.name()))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.mix(0.5)));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 11))
-            .draw()
-            .map_err(err)?;
+        crate::plot::legend(
+            chart
+                .configure_series_labels()
+                .label_font(("sans-serif", 11)),
+            SeriesLabelPosition::MiddleRight,
+        )?;
     }
     root.present().map_err(err)?;
     Ok(())

@@ -744,13 +744,10 @@ fn svg(path: &Path, rows: &[MethodRow]) -> anyhow::Result<()> {
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
+    crate::plot::legend(
+        &mut chart.configure_series_labels(),
+        SeriesLabelPosition::UpperRight,
+    )?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
 }

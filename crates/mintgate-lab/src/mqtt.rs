@@ -992,9 +992,7 @@ fn table(
     (t, met)
 }
 
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("drawing the chart: {e}")
-}
+use crate::plot::err;
 
 /// `mqtt.svg`: mean seconds per run for each method, one group of bars per
 /// broker, min-max as whiskers, each run as a dot.
@@ -1083,13 +1081,10 @@ fn plot(
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
         chart.draw_series(dots).map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    crate::plot::legend(
+        &mut chart.configure_series_labels(),
+        SeriesLabelPosition::UpperRight,
+    )?;
     root.present().map_err(err)?;
     Ok(())
 }

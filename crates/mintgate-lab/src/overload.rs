@@ -431,9 +431,7 @@ pub fn lab_overload(
     })
 }
 
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("drawing the chart: {e}")
-}
+use crate::plot::err;
 
 /// `overload.svg`: top, offered, handled and shed per second with the
 /// capacity and VmRSS (right axis); bottom, each probe's latency against
@@ -518,13 +516,10 @@ fn svg(
         .map_err(err)?
         .label("VmRSS (right axis)")
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], rss_color));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    crate::plot::legend(
+        &mut chart.configure_series_labels(),
+        SeriesLabelPosition::MiddleRight,
+    )?;
 
     let dl = deadline.as_secs_f64() * 1e3;
     let mut c2 = ChartBuilder::on(&bottom)

@@ -8,8 +8,28 @@ use crate::paper;
 use crate::threads::ThreadsRow;
 use crate::vta::VtaRow;
 
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
+/// A plotters error as the labs report it (every lab's charts use this).
+pub(crate) fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("drawing the chart: {e}")
+}
+
+/// Draws a chart's legend at `pos` in the labs' one style: a white box,
+/// mostly opaque, with a black border. `labels` may be styled further
+/// first (a font).
+pub(crate) fn legend<'a, DB, CT>(
+    labels: &mut plotters::chart::SeriesLabelStyle<'a, '_, DB, CT>,
+    pos: SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    DB: DrawingBackend + 'a,
+    CT: plotters::coord::CoordTranslate,
+{
+    labels
+        .position(pos)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
 }
 
 const NR: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
@@ -117,13 +137,10 @@ pub fn threads_svg(
         .map_err(err)?
         .label("offered load")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], OFFERED));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(
+        &mut chart.configure_series_labels(),
+        SeriesLabelPosition::UpperRight,
+    )?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -188,13 +205,10 @@ pub fn vta_svg(path: &Path, rows: &[VtaRow], cost: &str) -> anyhow::Result<()> {
         .map_err(err)?
         .label("threads (right axis)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], THREADS));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(
+        &mut chart.configure_series_labels(),
+        SeriesLabelPosition::UpperRight,
+    )?;
 
     let cmax = rows
         .iter()
@@ -285,13 +299,10 @@ pub fn fleet_svg(
             .draw_series(LineSeries::new(vec![(*t, 0.0), (*t, ymax)], ARRIVED))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(
+        &mut chart.configure_series_labels(),
+        SeriesLabelPosition::LowerRight,
+    )?;
     let mut c2 = ChartBuilder::on(&bottom)
         .caption(
             "p99 latency, sensor sample to the end, per second (grey: failures of the first run)",
@@ -380,13 +391,10 @@ pub fn fieldbus_svg(
             .label(label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(
+        &mut chart.configure_series_labels(),
+        SeriesLabelPosition::LowerRight,
+    )?;
     root.present().map_err(err)?;
     Ok(())
 }

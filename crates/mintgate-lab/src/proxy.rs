@@ -738,12 +738,10 @@ fn plot(path: &Path, cases: &[Case]) -> anyhow::Result<()> {
             .label(label)
             .legend(move |(x, y)| TriangleMarker::new((x + 9, y), 5, color.filled()));
         }
-        ch.configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
+        crate::plot::legend(
+            &mut ch.configure_series_labels(),
+            SeriesLabelPosition::UpperRight,
+        )?;
     }
     root.present().map_err(|e| err(&e))?;
     Ok(())

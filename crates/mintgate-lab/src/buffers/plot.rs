@@ -7,9 +7,7 @@ use plotters::prelude::*;
 
 use super::{BufRow, Impl, PathKind};
 
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("drawing the chart: {e}")
-}
+use crate::plot::err;
 
 /// `buffers.svg`: allocated, copied and time per message against n, one
 /// line per (path, impl); the paper's improved-Zephyr lines and the
@@ -112,13 +110,10 @@ pub(super) fn buffers_svg(path: &Path, rows: &[BufRow]) -> anyhow::Result<()> {
                 .label(*label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        crate::plot::legend(
+            &mut chart.configure_series_labels(),
+            SeriesLabelPosition::UpperLeft,
+        )?;
     }
     root.present().map_err(err)?;
     Ok(())
