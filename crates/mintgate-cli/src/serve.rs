@@ -71,9 +71,10 @@ pub struct ServeArgs {
     /// resources.request_cost.
     #[arg(long, value_name = "COST")]
     handler_cost: Option<mintgate_gateway::config::HandlerCost>,
-    /// Serve metrics on this TCP address: Prometheus text at /metrics, the
-    /// Observer's samples and the VTA decision as JSON at /api/observer
-    /// (replaces metrics.bind), e.g. 127.0.0.1:9464.
+    /// Serve metrics on this TCP address: Prometheus text (OpenMetrics when
+    /// the scraper asks for it) at /metrics, the Observer's samples and the
+    /// VTA decision as JSON at /api/observer (replaces metrics.bind), e.g.
+    /// 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// Serve the HTTP/1.1 and HTTP/2 proxy to CoAP on this TCP address
