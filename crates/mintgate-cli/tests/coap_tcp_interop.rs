@@ -1020,3 +1020,70 @@ fn a_tcp_observer_that_never_reads_gets_at_most_one_notification_a_tick() {
     let after = wait_metrics(metrics, Duration::from_secs(3), |m| m.0 == 0.0);
     assert_eq!((after.0, after.2), (0.0, 2.0), "{after:?}");
 }
+
+/// A client that begins the CoAP-over-WebSockets request line on the HTTP
+/// port and stops (`GET /.well-known/co`, then nothing) holds its slot for
+/// one header timeout counted from the accept, not longer: the listener's
+/// peek gives up at that deadline, the connection is closed and counted as
+/// a header timeout, and its slot serves the next client.
+#[test]
+fn a_stalled_partial_coap_ws_request_line_is_closed_at_the_header_timeout() {
+    let dir = tmp_dir("ws-peek-stall");
+    let (web, udp, metrics) = (free_tcp(), free_udp(), free_tcp());
+    let cfg = write_config(
+        &dir,
+        udp,
+        &format!(
+            "[metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
+             [proxy]\nhttp = \"127.0.0.1:{web}\"\nheader_timeout_ms = 600\n\
+             max_connections_per_source = 2\n"
+        ),
+    );
+    let mut s = Serve::start(&cfg, &dir.join("serve.log"), &[]);
+    s.wait_coap(
+        format!("127.0.0.1:{udp}").parse().unwrap(),
+        Duration::from_secs(15),
+    );
+    common::wait_tcp(web, Duration::from_secs(10));
+    let timeouts = || {
+        let (_, _, m) = common::http(metrics, "GET", "/metrics", &[], b"");
+        common::metric(
+            &m,
+            "mintgate_proxy_connections_closed_total{reason=\"header_timeouts\"}",
+        )
+        .unwrap_or_else(|| panic!("no header_timeouts in {m}"))
+    };
+    let before = timeouts();
+    // both of this source's slots, each stalled inside the prefix
+    let t0 = Instant::now();
+    let mut stalled: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut t = TcpStream::connect(("127.0.0.1", web)).unwrap();
+            t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            t.write_all(b"GET /.well-known/co").unwrap();
+            t
+        })
+        .collect();
+    // while they hold the slots, a third connection is refused at once
+    let (st, _, _) = common::http(web, "GET", "/healthz", &[], b"");
+    assert_eq!(st, 0, "the source's two slots are taken");
+    for t in &mut stalled {
+        let mut b = [0u8; 64];
+        // closed (EOF or reset) by the gateway, not by our read timeout
+        match t.read(&mut b) {
+            Ok(0) | Err(_) => {}
+            Ok(n) => panic!("answered {:?}", String::from_utf8_lossy(&b[..n])),
+        }
+    }
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(4),
+        "closed after {waited:?}"
+    );
+    assert!(timeouts() >= before + 2.0, "{}", s.log_text());
+    // the slots are back: a whole request is answered
+    let (st, _, _) = common::http(web, "GET", "/healthz", &[], b"");
+    assert_eq!(st, 200);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
