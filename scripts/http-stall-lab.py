@@ -49,6 +49,16 @@ def free_port(kind):
     return p
 
 
+def read_to_close(s):
+    """All that `s` receives until the peer closes."""
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            return data
+        data += b
+
+
 def request(port, path, src="127.0.0.2", timeout=5.0):
     """One HTTP/1.1 GET on a new connection from `src`; (status, seconds)
     or (error text, seconds)."""
@@ -62,12 +72,7 @@ def request(port, path, src="127.0.0.2", timeout=5.0):
             f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             "Connection: close\r\n\r\n".encode()
         )
-        data = b""
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            data += b
+        data = read_to_close(s)
         line = data.split(b"\r\n", 1)[0].decode(errors="replace")
         parts = line.split()
         status = parts[1] if len(parts) > 1 else f"bad answer {line!r}"
@@ -189,12 +194,7 @@ def metrics(port):
     s.bind(("127.0.0.2", 0))
     s.connect(("127.0.0.1", port))
     s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    data = b""
-    while True:
-        b = s.recv(65536)
-        if not b:
-            break
-        data += b
+    data = read_to_close(s)
     s.close()
     return [
         l

@@ -53,7 +53,14 @@ if ! command -v curl >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq curl python3-venv >/dev/null
 fi
-if ! target/py-venv/bin/python -c 'import aioquic' 2>/dev/null; then
+# py_has MODULES: the venv's python imports them (a comma-separated list).
+py_has() { target/py-venv/bin/python -c "import $1" 2>/dev/null; }
+# pip_add NAME SPEC: installs SPEC into the venv, NAME in the progress line.
+pip_add() {
+  step "installing $1 into target/py-venv"
+  target/py-venv/bin/pip install -q "$2"
+}
+if ! py_has aioquic; then
   step "installing aioquic into target/py-venv"
   mkdir -p target
   python3 -m venv target/py-venv
@@ -62,42 +69,36 @@ fi
 # aiocoap: a CoAP client no one here wrote that does not answer Echo
 # (the anti-amplification interop test), and with its oscore extra (cbor2,
 # cryptography, filelock) the OSCORE peer (tests/oscore_aiocoap.rs)
-if ! target/py-venv/bin/python -c 'import aiocoap.oscore, cbor2, filelock' 2>/dev/null || [ ! -x target/py-venv/bin/aiocoap-client ]; then
-  step "installing aiocoap[oscore] into target/py-venv"
-  target/py-venv/bin/pip install -q 'aiocoap[oscore]>=0.4.7,<0.5'
+if ! py_has 'aiocoap.oscore, cbor2, filelock' || [ ! -x target/py-venv/bin/aiocoap-client ]; then
+  pip_add 'aiocoap[oscore]' 'aiocoap[oscore]>=0.4.7,<0.5'
 fi
 # websockets: aiocoap's coap+ws transport (tests/coap_tcp_interop.rs)
-if ! target/py-venv/bin/python -c 'import websockets' 2>/dev/null; then
-  step "installing websockets into target/py-venv"
-  target/py-venv/bin/pip install -q 'websockets>=13,<16'
+if ! py_has websockets; then
+  pip_add websockets 'websockets>=13,<16'
 fi
 # prometheus_client: the Prometheus project's parsers of the text format
 # and of OpenMetrics, to read /metrics (tests/health.rs, metrics_parse.py)
-if ! target/py-venv/bin/python -c 'import prometheus_client.openmetrics.parser' 2>/dev/null; then
-  step "installing prometheus-client into target/py-venv"
-  target/py-venv/bin/pip install -q 'prometheus-client>=0.21,<1'
+if ! py_has prometheus_client.openmetrics.parser; then
+  pip_add prometheus-client 'prometheus-client>=0.21,<1'
 fi
 # amqtt: an MQTT broker no one here wrote with WebSocket listeners (ws://,
 # wss://; Debian's mosquitto cannot open one here)
 if [ ! -x target/py-venv/bin/amqtt ]; then
-  step "installing amqtt into target/py-venv"
-  target/py-venv/bin/pip install -q 'amqtt==0.12.1'
+  pip_add amqtt 'amqtt==0.12.1'
 fi
 
 # pymodbus: a Modbus TCP server and RTU slave no one here wrote, for the
 # Modbus devices' interop tests (tests/modbus_pymodbus.rs,
 # tests/modbus_peer.py; the RTU one on a pty pair from Debian's socat);
 # its serial extra is pyserial
-if ! target/py-venv/bin/python -c 'import pymodbus, serial' 2>/dev/null; then
-  step "installing pymodbus[serial] into target/py-venv"
-  target/py-venv/bin/pip install -q 'pymodbus[serial]>=3.16,<3.17'
+if ! py_has 'pymodbus, serial'; then
+  pip_add 'pymodbus[serial]' 'pymodbus[serial]>=3.16,<3.17'
 fi
 # asyncua: an OPC UA server no one here wrote, for the OPC UA devices'
 # interop tests (tests/opcua_asyncua.rs, tests/opcua_peer.py; their
 # certificates are made by openssl, from Debian's openssl package)
-if ! target/py-venv/bin/python -c 'import asyncua' 2>/dev/null; then
-  step "installing asyncua into target/py-venv"
-  target/py-venv/bin/pip install -q 'asyncua>=2.1,<2.2'
+if ! py_has asyncua; then
+  pip_add asyncua 'asyncua>=2.1,<2.2'
 fi
 
 # The MQTT lab's peer: Eclipse Paho (Java), the paper's client, built with

@@ -157,6 +157,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 bail!("{uri:?}: --oscore is benchmarked over coap:// (UDP) only");
             }
             let mut spec = LoadSpec::new(target, path, mode);
+            // Copies flag by flag, as the lab's paho_run copies a result: the
+            // types are unrelated; only the assignments look alike.
             spec.transport = transport;
             spec.confirmable = args.con;
             spec.duration = args.duration;

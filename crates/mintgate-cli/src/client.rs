@@ -26,7 +26,7 @@ use mintgate_coap::wire::{
 };
 use mintgate_gateway::outbound::{Outbound, OutboundError, Source};
 
-use crate::common::{json_string, resolve};
+use crate::common::{json_string, parse_positive_duration, resolve};
 
 /// The `--help` text on exit codes; [`run`] returns exactly these.
 const EXIT_CODES: &str = "\
@@ -72,10 +72,11 @@ JSON object with code, type, options and payload on stdout instead.";
 /// How long a coaps handshake may take without --timeout.
 const DTLS_HANDSHAKE_WAIT: Duration = Duration::from_secs(15);
 
-const EXIT_CLIENT_ERROR: u8 = 3;
-const EXIT_SERVER_ERROR: u8 = 4;
-const EXIT_TIMEOUT: u8 = 5;
-const EXIT_RESET: u8 = 6;
+// 3 to 6 mean the same for `observe`, which takes them from here.
+pub(crate) const EXIT_CLIENT_ERROR: u8 = 3;
+pub(crate) const EXIT_SERVER_ERROR: u8 = 4;
+pub(crate) const EXIT_TIMEOUT: u8 = 5;
+pub(crate) const EXIT_RESET: u8 = 6;
 const EXIT_OTHER: u8 = 1;
 const EXIT_HANDSHAKE: u8 = 7;
 
@@ -124,7 +125,7 @@ pub struct RequestArgs {
     accept: Option<ContentFormat>,
     /// Overall time to wait for the response, e.g. 5s, 500ms, 2m [default:
     /// 93s (RFC 7252 MAX_TRANSMIT_WAIT) for CON, 5s for NON].
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_positive_duration)]
     timeout: Option<Duration>,
     /// Extra option, repeatable. NUM is a number or a registered name
     /// (e.g. If-None-Match); VALUE is a decimal integer for uint options
@@ -133,6 +134,8 @@ pub struct RequestArgs {
     /// option's value must fit its length. `-O 5` gives an empty value.
     #[arg(short = 'O', long = "option", value_name = "NUM,VALUE", value_parser = parse_option)]
     options: Vec<ExtraOption>,
+    // Declared like http's --token and --token-file: clap flags whose names,
+    // variables and help differ per command, so each stays with its command.
     /// Access token for writes to a gateway with `access.write = "token"`,
     /// sent in the Access-Token option (65002); also read from
     /// MINTGATE_ACCESS_TOKEN.
@@ -183,7 +186,7 @@ pub struct RequestArgs {
     count: u32,
     /// Time between repeated requests, e.g. 500ms, 2s [default: none, each
     /// request sent as soon as the one before is answered].
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_positive_duration)]
     interval: Option<Duration>,
 }
 
@@ -906,6 +909,8 @@ impl<S: TcpLike> Link for WsLink<S> {
         Ok(())
     }
 
+    // The signature is Link's, as in StreamLink; the body reads WebSocket
+    // messages instead of a byte stream.
     fn recv(
         &mut self,
         c: &mut ClientConnection,
@@ -1291,15 +1296,6 @@ fn parse_content_format(s: &str) -> Result<ContentFormat, String> {
     })
 }
 
-/// A positive duration (see `mintgate_gateway::config::parse_duration`).
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = mintgate_gateway::config::parse_duration(s)?;
-    if d.is_zero() {
-        return Err(format!("duration '{s}' must be positive"));
-    }
-    Ok(d)
-}
-
 /// A block size: a power of two from 16 to 1024.
 fn parse_block_size(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -1477,13 +1473,19 @@ mod tests {
 
     #[test]
     fn parses_durations_options_and_formats() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("").is_err());
+        assert_eq!(parse_positive_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(
+            parse_positive_duration("500ms"),
+            Ok(Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_positive_duration("1.5"),
+            Ok(Duration::from_millis(1500))
+        );
+        assert_eq!(parse_positive_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_positive_duration("0s").is_err());
+        assert!(parse_positive_duration("5 parsecs").is_err());
+        assert!(parse_positive_duration("").is_err());
 
         assert_eq!(
             parse_option("14,60"),

@@ -24,6 +24,15 @@ pub(crate) fn at_least<const MIN: usize>(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A positive duration (see `mintgate_gateway::config::parse_duration`).
+pub(crate) fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = mintgate_gateway::config::parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("duration '{s}' must be positive"));
+    }
+    Ok(d)
+}
+
 /// A link's one-way delay or jitter: a bare number is milliseconds (every
 /// link delay flag reads it so), anything else a duration with its unit.
 pub(crate) fn parse_ms(s: &str) -> Result<Duration, String> {

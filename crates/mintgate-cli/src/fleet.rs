@@ -512,6 +512,9 @@ fn run_jetstream(dir: &Path, load: Load, failures: bool, exe: &Path) -> anyhow::
     let stop = Arc::new(AtomicBool::new(false));
     let rereads = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let reader = jetstream_reader(t.clone(), stop.clone(), seen_tx, rereads.clone());
+    // run_mqtt measures the same way and fills its Run alike; the steps stay
+    // inline because each run interleaves them with its own (the failures,
+    // the stream's count, the reader catching up).
     let load_before = loadavg();
     let ticks0 = machine_ticks();
     let lab0 = process_cpu_seconds(std::process::id()).unwrap_or(0.0);

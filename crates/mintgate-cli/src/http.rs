@@ -62,6 +62,7 @@ pub struct HttpArgs {
     /// Extra header "Name: value" (repeatable).
     #[arg(long, short = 'H', value_name = "HEADER")]
     header: Vec<String>,
+    // Like get's --access-token and --access-token-file (client.rs).
     /// Bearer token (sent as Authorization: Bearer TOKEN); also read from
     /// MINTGATE_HTTP_TOKEN, which does not show in `ps`.
     #[arg(

@@ -249,6 +249,8 @@ enum Lab {
 
 #[derive(clap::Args)]
 struct CompareArgs {
+    // --quick and --out as in ProxyLabArgs and Common: the help of each says
+    // what that lab shortens and writes, so the flags stay per command.
     /// Short settings: few steps, 4 s each, one run, 1 s cool-down.
     #[arg(long)]
     quick: bool,

@@ -117,6 +117,8 @@ pub struct NatsArgs {
     /// Replicas of the stream if it is created (3 on a 3-node cluster).
     #[arg(long, default_value_t = 1, requires = "nats")]
     replicas: usize,
+    // Like --password-file and --password-env above, for the NATS token:
+    // other flags, with their own names and conflicts.
     /// File whose first line is the NATS token (instead of a user).
     #[arg(
         long,

@@ -24,7 +24,8 @@ use anyhow::Context;
 use mintgate_coap::wire::ContentFormat;
 use mintgate_gateway::observe_client::{Observation, ObserveEvent};
 
-use crate::common::{json_string, parse_uri, resolve};
+use crate::client::{EXIT_CLIENT_ERROR, EXIT_RESET, EXIT_SERVER_ERROR, EXIT_TIMEOUT};
+use crate::common::{json_string, parse_positive_duration, parse_uri, resolve};
 
 /// Arguments of `mintgate observe`.
 #[derive(clap::Args)]
@@ -44,13 +45,13 @@ pub struct ObserveArgs {
     #[arg(long, short = 'n', value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
     /// Stop after this long, e.g. 30s, 5m [default: until Ctrl-C].
-    #[arg(long, value_name = "D", value_parser = parse_positive)]
+    #[arg(long, value_name = "D", value_parser = parse_positive_duration)]
     duration: Option<Duration>,
     /// Give up when the registration is not answered within this long,
     /// e.g. 5s. At most, and by default, RFC 7252's retransmissions: about
     /// 62 s. Once answered, the observation runs until --count or
     /// --duration.
-    #[arg(long, value_name = "D", value_parser = parse_positive)]
+    #[arg(long, value_name = "D", value_parser = parse_positive_duration)]
     timeout: Option<Duration>,
     /// Accept option: the Content-Format wanted (text, json, 50, ...).
     #[arg(long, value_name = "CF", value_parser = parse_cf)]
@@ -68,14 +69,6 @@ pub struct ObserveArgs {
     oscore: Option<std::path::PathBuf>,
 }
 
-fn parse_positive(s: &str) -> Result<Duration, String> {
-    let d = mintgate_gateway::config::parse_duration(s)?;
-    if d.is_zero() {
-        return Err(format!("duration '{s}' must be positive"));
-    }
-    Ok(d)
-}
-
 fn parse_cf(s: &str) -> Result<ContentFormat, String> {
     ContentFormat::parse(s).ok_or_else(|| format!("unknown Content-Format '{s}'"))
 }
@@ -83,10 +76,6 @@ fn parse_cf(s: &str) -> Result<ContentFormat, String> {
 /// How long `observe` waits for an event before it looks for a signal.
 const SIGNAL_POLL: Duration = Duration::from_millis(200);
 
-const EXIT_CLIENT_ERROR: u8 = 3;
-const EXIT_SERVER_ERROR: u8 = 4;
-const EXIT_TIMEOUT: u8 = 5;
-const EXIT_RESET: u8 = 6;
 const EXIT_NOT_OBSERVABLE: u8 = 7;
 
 /// Runs `mintgate observe`.

@@ -42,6 +42,8 @@ pub struct ProxyArgs {
     /// proxy.allow) [default: 127.0.0.1:5683, [::1]:5683, localhost:5683].
     #[arg(long, value_name = "HOST:PORT")]
     upstream: Vec<String>,
+    // A multi-line #[arg] like client.rs's -e and the token flags of get and
+    // http: declarations of different flags, alike only in form.
     /// Accepted bearer token (repeatable; replaces proxy.bearer_tokens).
     /// Shows in `ps`: prefer --token-file, the MINTGATE_PROXY_TOKENS
     /// variable (tokens separated by commas) or the config file.
@@ -461,6 +463,7 @@ pub fn run(a: ProxyArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("{w}");
     }
     let sig = crate::common::wait_for_signal(&set, Duration::from_secs(3600), || {});
+    // A last log line like serve's: other counters, one field each.
     let st = srv.proxy().stats();
     use std::sync::atomic::Ordering::Relaxed;
     tracing::info!(

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::wire::{decode_uint, Code, OptionNumber};
+use crate::wire::{decode_uint, first_option, Code, OptionNumber};
 
 /// Max-Age when a response has none (RFC 7252 5.10.5).
 pub const DEFAULT_MAX_AGE: u32 = 60;
@@ -45,10 +45,7 @@ pub struct Response {
 impl Response {
     /// The first value of option `n`.
     pub fn option(&self, n: OptionNumber) -> Option<&[u8]> {
-        self.options
-            .iter()
-            .find(|(o, _)| *o == n)
-            .map(|(_, v)| &v[..])
+        first_option(&self.options, n)
     }
 
     /// The same response in buffers of its own (exactly its bytes).

@@ -33,6 +33,20 @@ pub fn split_call(s: &str) -> Result<(String, Vec<String>), String> {
     Ok((name.to_ascii_lowercase(), args))
 }
 
+/// `Ok` when the call `name` has `k` arguments, else the message that says
+/// how many it takes and how many it got.
+pub fn arg_count(name: &str, args: &[String], k: usize) -> Result<(), String> {
+    if args.len() == k {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` takes {k} argument{}, got {}",
+            if k == 1 { "" } else { "s" },
+            args.len()
+        ))
+    }
+}
+
 fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.'
 }

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 
 use crate::clock::now_ns;
 use crate::driver::{DeviceError, Direction, Driver, EventFn, Running};
-use crate::parse::{duration, fmt_duration, fmt_number, number, split_call};
+use crate::parse::{arg_count, duration, fmt_duration, fmt_number, number, split_call};
 
 /// A simulated signal.
 #[derive(Clone, Debug, PartialEq)]
@@ -128,17 +128,7 @@ impl std::str::FromStr for Signal {
     /// Parses the call syntax of the module documentation.
     fn from_str(s: &str) -> Result<Signal, String> {
         let (name, args) = split_call(s)?;
-        let want = |k: usize| -> Result<(), String> {
-            if args.len() == k {
-                Ok(())
-            } else {
-                Err(format!(
-                    "`{name}` takes {k} argument{}, got {}",
-                    if k == 1 { "" } else { "s" },
-                    args.len()
-                ))
-            }
-        };
+        let want = |k: usize| arg_count(&name, &args, k);
         let positive = |d: Duration, what: &str| -> Result<Duration, String> {
             if d.is_zero() {
                 Err(format!("the {what} of `{name}` must be positive"))

@@ -463,6 +463,8 @@ impl DtlsServer {
 
     /// A ClientHello of epoch 0: answered statelessly unless its cookie is
     /// valid; then it goes to its session, or opens one.
+    // Takes handle_datagram's arguments as they are and hands them on to
+    // feed: the context of one datagram, passed down unchanged.
     fn client_hello(
         &self,
         now: Instant,

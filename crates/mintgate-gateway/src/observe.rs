@@ -96,6 +96,8 @@ impl Notifier {
 pub(crate) fn collect(o: &ObserveState, m: &mut crate::exposition::Exposition) {
     let c = o.endpoint.stats();
     let ended: u64 = Ended::ALL.iter().map(|e| c.ended(*e)).sum();
+    // Rows of one shape (name, help, value) here and in collect_endpoint:
+    // data, written out so that each exported name stands as it is sent.
     m.families(&[
         (
             "mintgate_observe_observers",

@@ -504,6 +504,7 @@ fn plot(
     root.fill(&WHITE).map_err(err)?;
     let xmax = xs.iter().copied().max().unwrap_or(1) as f64 * 1.05;
     let ymax = points.iter().map(|p| p.answered_rps).fold(1.0, f64::max) * 1.15;
+    // Set up like plot.rs's figures: see the note there.
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 18))
         .margin(12)

@@ -65,6 +65,8 @@ pub mod paper {
     }
 
     /// Tables 1, 2 and 3.
+    // Rows of one shape: the paper's numbers as printed, kept literal so that
+    // they can be checked against it.
     pub const TABLES: [Table; 3] = [
         Table {
             loss_pct: 5,

@@ -541,6 +541,8 @@ fn paho_run(
     let mut row = MqttRow::unmeasured(bname, m, run, n);
     match p.run(pm, run, n) {
         Ok(r) => {
+            // Field copies alike to those in mintgate-cli's bench.rs:
+            // unrelated types.
             row.seconds = r.seconds;
             row.missing = r.missing;
             row.out_of_order = r.out_of_order;

@@ -453,6 +453,7 @@ fn svg(
         .fold(capacity, f64::max)
         * 1.1;
     let rss_max = rows.iter().map(|r| mib(r.rss)).fold(1.0, f64::max) * 1.3;
+    // Set up like plot.rs's figures: see the note there.
     let mut chart = ChartBuilder::on(&top)
         .caption(
             "overload: offered, handled and shed per second; resident memory",

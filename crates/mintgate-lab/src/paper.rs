@@ -166,6 +166,8 @@ const fn rr(n: usize, echo: f64, coap: f64, http: f64) -> ReductionRow {
     }
 }
 
+// Tables 3-5 repeat one row shape: the paper's figures as printed, kept
+// as literal rows so that they can be checked against it.
 /// Table 3: memory allocation reduction.
 pub const TABLE3_ALLOC: &[ReductionRow] = &[
     rr(128, 21.92, 21.92, 34.62),

@@ -8,6 +8,9 @@ use crate::paper;
 use crate::threads::ThreadsRow;
 use crate::vta::VtaRow;
 
+// The figures' ChartBuilder chains here and in the labs (overload.rs,
+// clients.rs, ...) look alike, but each sets its own caption, sizes,
+// ranges and axis text; what is the same in all (err, legend) is shared.
 /// A plotters error as the labs report it (every lab's charts use this).
 pub(crate) fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("drawing the chart: {e}")

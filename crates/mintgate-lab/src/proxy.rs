@@ -170,6 +170,19 @@ impl Case {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     }
+
+    /// The figures of its progress line.
+    fn figures(&self) -> String {
+        format!(
+            "CoAP {:7.1} ms, total {:7.1} ms, Internet {:6.1} ms (median {:5.1}), {} repeated, {:.0} s",
+            self.mean(0),
+            self.mean(1),
+            self.mean(2),
+            self.median_internet(),
+            self.failures,
+            self.wall.as_secs_f64()
+        )
+    }
 }
 
 /// Runs the lab.
@@ -249,8 +262,9 @@ pub fn lab_proxy(o: &ProxyLabOptions) -> anyhow::Result<Summary> {
             .map(|(p, _)| p.to_path_buf())
             .ok_or_else(|| anyhow!("the proxy has no certificate"))?;
         let roots = Roots::Certs(mintgate_proxy::tls::load_certs(&cert)?);
-        for mode in MODES {
-            for proto in PROTOS {
+        // One case by `run` in the client namespace, timed.
+        let measure =
+            |proto: Proto, mode: Mode, label: String, run: RunCase| -> anyhow::Result<Case> {
                 let addr = match proto {
                     Proto::H3 => srv.h3_addr(),
                     _ => srv.http_addr(),
@@ -266,77 +280,42 @@ pub fn lab_proxy(o: &ProxyLabOptions) -> anyhow::Result<Summary> {
                 };
                 let target = format!("/hc/coap://{coap}/request");
                 let prog = progress.clone();
-                let label = format!("{loss}% {} {}", proto.name(), mode.name());
                 let t0 = Instant::now();
                 let (samples, failures) = link
                     .spawn_in(false, move || {
-                        run_case(opts, addr, &target, requests, &label, &prog)
+                        run(opts, addr, &target, requests, &label, &prog)
                     })?
                     .join()
                     .map_err(|_| anyhow!("the client thread panicked"))???;
-                let case = Case {
+                Ok(Case {
                     loss_pct: loss,
                     proto,
                     mode,
                     samples,
                     failures,
                     wall: t0.elapsed(),
-                };
+                })
+            };
+        for mode in MODES {
+            for proto in PROTOS {
+                let label = format!("{loss}% {} {}", proto.name(), mode.name());
+                let case = measure(proto, mode, label, run_case)?;
                 progress(&format!(
-                    "  {loss:>2}% {} {:<10}: CoAP {:7.1} ms, total {:7.1} ms, Internet {:6.1} ms (median {:5.1}), {} repeated, {:.0} s",
+                    "  {loss:>2}% {} {:<10}: {}",
                     proto.name(),
                     mode.name(),
-                    case.mean(0),
-                    case.mean(1),
-                    case.mean(2),
-                    case.median_internet(),
-                    case.failures,
-                    case.wall.as_secs_f64()
+                    case.figures()
                 ));
                 cases.push(case);
             }
         }
         for proto in SHARED_PROTOS {
-            let addr = match proto {
-                Proto::H3 => srv.h3_addr(),
-                _ => srv.http_addr(),
-            }
-            .ok_or_else(|| anyhow!("no listener"))?;
-            let opts = ClientOptions {
-                proto,
-                new_conn: false,
-                roots: roots.clone(),
-                server_name: "localhost".into(),
-                client_cert: None,
-                timeout: Duration::from_secs(120),
-            };
-            let target = format!("/hc/coap://{coap}/request");
-            let prog = progress.clone();
             let label = format!("{loss}% {} shared x{SHARED}", proto.name());
-            let t0 = Instant::now();
-            let (samples, failures) = link
-                .spawn_in(false, move || {
-                    run_shared_case(opts, addr, &target, requests, &label, &prog)
-                })?
-                .join()
-                .map_err(|_| anyhow!("the client thread panicked"))???;
-            let case = Case {
-                loss_pct: loss,
-                proto,
-                mode: Mode::Shared,
-                samples,
-                failures,
-                wall: t0.elapsed(),
-            };
+            let case = measure(proto, Mode::Shared, label, run_shared_case)?;
             progress(&format!(
-                "  {loss:>2}% {} shared x{SHARED} : CoAP {:7.1} ms, total {:7.1} ms, Internet {:6.1} ms (median {:5.1}), {} repeated, {:.0} s",
+                "  {loss:>2}% {} shared x{SHARED} : {}",
                 proto.name(),
-                case.mean(0),
-                case.mean(1),
-                case.mean(2),
-                case.median_internet(),
-                case.failures,
-                case.wall.as_secs_f64()
+                case.figures()
             ));
             shared.push(case);
         }
@@ -371,6 +350,35 @@ pub fn lab_proxy(o: &ProxyLabOptions) -> anyhow::Result<Summary> {
     })
 }
 
+/// [`run_case`] or [`run_shared_case`].
+type RunCase = fn(
+    ClientOptions,
+    SocketAddr,
+    &str,
+    usize,
+    &str,
+    &crate::ProgressFn,
+) -> anyhow::Result<(Vec<Sample>, usize)>;
+
+/// A client of `addr` and the `no-cache` headers its requests take, after
+/// two warm-up requests, not counted: they open the persistent connection,
+/// or get the first session ticket for 0-RTT.
+async fn warmed_client(
+    opts: &ClientOptions,
+    addr: SocketAddr,
+    target: &str,
+) -> anyhow::Result<(HttpClient, HeaderMap)> {
+    let mut client = HttpClient::new(opts.clone(), addr, None)?;
+    let mut headers = HeaderMap::new();
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    for _ in 0..2 {
+        let _ = client
+            .request(Method::GET, target, &headers, Default::default())
+            .await;
+    }
+    Ok((client, headers))
+}
+
 /// The client side of one case, inside the client namespace.
 fn run_case(
     opts: ClientOptions,
@@ -384,16 +392,7 @@ fn run_case(
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let mut client = HttpClient::new(opts.clone(), addr, None)?;
-        let mut headers = HeaderMap::new();
-        headers.insert("cache-control", HeaderValue::from_static("no-cache"));
-        // Warm-up, not counted: opens the persistent connection, or gets the
-        // first session ticket for 0-RTT.
-        for _ in 0..2 {
-            let _ = client
-                .request(Method::GET, target, &headers, Default::default())
-                .await;
-        }
+        let (mut client, headers) = warmed_client(&opts, addr, target).await?;
         let mut samples = Vec::with_capacity(requests);
         let mut failures = 0usize;
         let deadline = Instant::now() + Duration::from_secs(3600);
@@ -444,6 +443,7 @@ fn run_case(
 /// succeeded. A request's total RTT runs from when its worker wants to send
 /// it, so for HTTP/1.1 it includes waiting for the connection (its
 /// head-of-line blocking); HTTP/2 and HTTP/3 send at once on a new stream.
+// The signature is RunCase's, as run_case's.
 fn run_shared_case(
     opts: ClientOptions,
     addr: SocketAddr,
@@ -457,14 +457,7 @@ fn run_shared_case(
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let mut client = HttpClient::new(opts.clone(), addr, None)?;
-        let mut headers = HeaderMap::new();
-        headers.insert("cache-control", HeaderValue::from_static("no-cache"));
-        for _ in 0..2 {
-            let _ = client
-                .request(Method::GET, target, &headers, Default::default())
-                .await;
-        }
+        let (client, headers) = warmed_client(&opts, addr, target).await?;
         let handles: Vec<_> = (0..SHARED).map(|_| client.stream_handle()).collect();
         let client = Arc::new(tokio::sync::Mutex::new(client));
         let started = Arc::new(AtomicU64::new(0));

@@ -60,6 +60,8 @@ pub struct TcpWorker {
 }
 
 impl Load for TcpWorker {
+    // The accessors repeat Worker's (worker.rs): Load reaches each worker's
+    // own fields, and the two workers share no struct.
     fn timing(&self) -> Timing {
         self.timing
     }

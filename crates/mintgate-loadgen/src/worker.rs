@@ -745,6 +745,7 @@ pub fn run_loop<L: Load>(mut w: L, live: &Live) -> io::Result<Outcome> {
 }
 
 impl Load for Worker {
+    // Accessors as TcpWorker's (tcp.rs): see the note there.
     fn timing(&self) -> Timing {
         self.timing
     }

@@ -779,6 +779,9 @@ impl Conn {
             .map(|u| (u.clone(), url.security.password.clone()));
         match url.version {
             Version::V311 => {
+                // The V5 arm below takes the same steps: rumqttc's v4 and v5
+                // options, clients and event loops are distinct types with no
+                // common trait.
                 let mut mo = rumqttc::MqttOptions::new(&o.client_id, broker_addr(url), url.port);
                 mo.set_keep_alive(o.keep_alive.max(Duration::from_secs(1)))
                     .set_clean_session(o.clean_session)

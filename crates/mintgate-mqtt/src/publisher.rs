@@ -325,6 +325,9 @@ impl Publisher {
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let sh = shared.clone();
+        // Started as the subscriber's thread is (subscriber.rs); what each
+        // tells its owner when the runtime cannot start differs (status,
+        // event).
         let thread = std::thread::Builder::new()
             .name("mqtt-pubqueue".into())
             .spawn(move || {

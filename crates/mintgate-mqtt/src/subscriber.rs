@@ -104,6 +104,7 @@ impl Subscriber {
         }
         let (tx, events) = std_mpsc::channel();
         let (stop, stop_rx) = oneshot::channel();
+        // As the publish queue's thread (publisher.rs): see the note there.
         let thread = std::thread::Builder::new()
             .name("mqtt-subscriber".into())
             .spawn(move || {

@@ -227,6 +227,7 @@ impl HttpClient {
         }
     }
 
+    // request's arguments, passed on: request bounds this with the timeout.
     async fn request_inner(
         &mut self,
         method: Method,

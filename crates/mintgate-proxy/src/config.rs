@@ -13,6 +13,8 @@ use mintgate_coap::rto::Algorithm;
 
 use crate::mapping::{Authority, ReverseMapping};
 
+// The gateway's ProxySection holds these fields as TOML data; the CLI
+// converts it (the gateway does not depend on this crate).
 /// Everything the proxy needs besides its listening addresses.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProxyConfig {

@@ -175,6 +175,8 @@ impl Proxy {
         }
     }
 
+    // handle's arguments, passed on: handle bounds this with the timeout and
+    // counts its errors.
     async fn handle_inner(
         &self,
         client: ClientInfo,

@@ -36,7 +36,7 @@ use bytes::Bytes;
 
 use super::{Event, Request};
 use crate::server::block::{szx_for, BlockOpt};
-use crate::wire::{decode_uint, encode_uint, Code, MessageType, OptionNumber};
+use crate::wire::{decode_uint, encode_uint, first_option, Code, MessageType, OptionNumber};
 
 /// Settings of block-wise transfers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,10 +87,7 @@ pub struct Response {
 impl Response {
     /// The first value of option `n`.
     pub fn option(&self, n: OptionNumber) -> Option<&[u8]> {
-        self.options
-            .iter()
-            .find(|(o, _)| *o == n)
-            .map(|(_, v)| &v[..])
+        first_option(&self.options, n)
     }
 }
 
@@ -200,10 +197,7 @@ fn block_of<V: AsRef<[u8]>>(
     options: &[(OptionNumber, V)],
     n: OptionNumber,
 ) -> Option<Option<BlockOpt>> {
-    options
-        .iter()
-        .find(|(o, _)| *o == n)
-        .map(|(_, v)| decode_uint(v.as_ref()).and_then(BlockOpt::decode))
+    first_option(options, n).map(|v| decode_uint(v).and_then(BlockOpt::decode))
 }
 
 impl Transfer {
@@ -319,6 +313,8 @@ impl Transfer {
     /// (timeout, reset) end the transfer with the caller.
     pub fn on_event(&mut self, ev: Event) -> Option<Step> {
         match ev {
+            // The event's fields into a Response of the same names: a field
+            // list, not logic.
             Event::Response {
                 code,
                 msg_type,

@@ -173,6 +173,9 @@ impl ClientConnection {
         Ok(token)
     }
 
+    // output, next_message and consume_output as in server/tcp.rs's
+    // Connection: one-line public methods of each connection type over the
+    // shared output buffer.
     /// Bytes to write to the transport (all of them, in order).
     pub fn output(&self) -> &[u8] {
         self.out.bytes()

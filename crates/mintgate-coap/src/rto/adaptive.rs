@@ -219,6 +219,8 @@ impl Adaptive {
 }
 
 impl RtoController for Adaptive {
+    // The signatures are RtoController's, as in Basic and Cocoa; the bodies
+    // differ (the backoff capped, state kept per destination).
     fn initial_rto(&mut self, dest: SocketAddr, now: Instant, _in_flight: usize) -> Duration {
         if let Some(rto) = self.touch(dest, now).rto {
             return rto;

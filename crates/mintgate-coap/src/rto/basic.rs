@@ -33,6 +33,7 @@ impl Basic {
 }
 
 impl RtoController for Basic {
+    // Same signatures as Adaptive's and Cocoa's: one trait, three controllers.
     fn initial_rto(&mut self, _dest: SocketAddr, _now: Instant, _in_flight: usize) -> Duration {
         self.params.initial_timeout(&mut self.rng)
     }

@@ -452,6 +452,8 @@ pub fn finish_response(
 
 /// [`process_request`] then [`finish_response`] as a piggybacked ACK for a
 /// CON, or a NON with `non_mid` for a NON.
+// The same arguments as process_request, which it wraps (non_mid in place
+// of payload_hint).
 pub fn handle_request(
     router: &Router,
     pool: &Pool,

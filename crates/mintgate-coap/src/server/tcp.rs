@@ -199,6 +199,7 @@ impl Connection {
         self.stats
     }
 
+    // As ClientConnection's (client/tcp.rs): see the note there.
     /// Bytes to write to the transport (all of them, in order).
     pub fn output(&self) -> &[u8] {
         self.out.bytes()

@@ -18,6 +18,7 @@ pub mod tcp;
 mod writer;
 
 pub use code::{Code, MessageType};
+pub(crate) use option::first_option;
 pub use option::{
     decode_uint, encode_uint, ContentFormat, OptionDef, OptionFormat, OptionIter, OptionNumber,
     RawOption,

@@ -255,6 +255,17 @@ impl RawOption<'_> {
     }
 }
 
+/// The first value of option `n` in `options` (number and value pairs).
+pub(crate) fn first_option<V: AsRef<[u8]>>(
+    options: &[(OptionNumber, V)],
+    n: OptionNumber,
+) -> Option<&[u8]> {
+    options
+        .iter()
+        .find(|(o, _)| *o == n)
+        .map(|(_, v)| v.as_ref())
+}
+
 /// Decodes a CoAP uint (0-4 bytes, big-endian, leading zeros allowed).
 pub fn decode_uint(v: &[u8]) -> Option<u32> {
     if v.len() > 4 {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::expr::{self, BinOp, Expr, Program};
 use super::Event;
-use crate::parse::{duration, fmt_duration, fmt_number, number, split_call};
+use crate::parse::{arg_count, duration, fmt_duration, fmt_number, number, split_call};
 
 /// A filter as written (everything but callbacks).
 #[derive(Clone, Debug, PartialEq)]
@@ -79,17 +79,7 @@ impl std::str::FromStr for FilterSpec {
 
     fn from_str(s: &str) -> Result<FilterSpec, String> {
         let (name, args) = split_call(s)?;
-        let want = |k: usize| -> Result<(), String> {
-            if args.len() == k {
-                Ok(())
-            } else {
-                Err(format!(
-                    "`{name}` takes {k} argument{}, got {}",
-                    if k == 1 { "" } else { "s" },
-                    args.len()
-                ))
-            }
-        };
+        let want = |k: usize| arg_count(&name, &args, k);
         match name.as_str() {
             "compare" => {
                 want(2)?;

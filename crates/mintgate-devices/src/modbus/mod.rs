@@ -85,6 +85,8 @@ pub struct PointSpec {
     /// most significant register first).
     #[serde(default)]
     pub word_order: Order,
+    // scale to writable as in opcua's NodeSpec: serde's flatten does not work
+    // with deny_unknown_fields, so each spec lists the fields itself.
     /// value = raw * scale + offset (default 1).
     #[serde(default = "one")]
     pub scale: f64,

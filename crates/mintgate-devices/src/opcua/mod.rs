@@ -88,6 +88,7 @@ pub struct NodeSpec {
     /// any number or boolean the server sends.
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub ty: Option<NodeType>,
+    // As in modbus's PointSpec: see the note there.
     /// value = raw * scale + offset (default 1).
     #[serde(default = "one")]
     pub scale: f64,

@@ -387,6 +387,8 @@ impl Drop for MqttBridge {
 /// The bridges' counters and the queue's state.
 fn collect(c: &BridgeCounters, st: Option<Status>, m: &mut Exposition) {
     let g = |a: &AtomicU64| a.load(Relaxed);
+    // One call per family, as in metrics.rs: rows of one shape (name, help,
+    // value), written out so that each exported name stands as it is sent.
     m.counter(
         "mintgate_mqtt_bridge_enqueued_total",
         "Messages the bridges put in the publish queue (durable).",

@@ -2,6 +2,8 @@
 
 use super::*;
 
+// Field for field like mintgate_proxy::ProxyConfig, but in the TOML's
+// plain types (ms, strings): this crate does not depend on mintgate-proxy.
 /// `[proxy]`: the HTTP -> CoAP proxy (RFC 8075). Plain data: the CLI checks
 /// it and turns it into `mintgate_proxy::ProxyConfig` (whose defaults these
 /// mirror; a CLI test keeps the two in step).

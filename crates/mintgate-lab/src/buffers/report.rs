@@ -48,6 +48,13 @@ fn fit_of(rows: &[&BufRow], f: fn(&BufRow) -> f64) -> Option<Fit> {
     fit(&rows.iter().map(|r| (r.n as f64, f(r))).collect::<Vec<_>>())
 }
 
+/// The largest `f(r) - n` of `rows` (`f64::MIN` when there are none).
+fn most_over_n(rows: &[&BufRow], f: fn(&BufRow) -> f64) -> f64 {
+    rows.iter()
+        .map(|r| f(r) - r.n as f64)
+        .fold(f64::MIN, f64::max)
+}
+
 fn pct(naive: f64, ours: f64) -> f64 {
     if naive > 0.0 {
         100.0 * (naive - ours) / naive
@@ -301,10 +308,7 @@ fn targets(rows: &[BufRow], checks: &[GatewayCheck]) -> (Vec<String>, bool) {
     };
     for path in [PathKind::Echo, PathKind::Coap] {
         let rs = rows_of(rows, path, Impl::Mintgate);
-        let worst_c = rs
-            .iter()
-            .map(|r| r.alloc_bytes - r.n as f64)
-            .fold(f64::MIN, f64::max);
+        let worst_c = most_over_n(&rs, |r| r.alloc_bytes);
         let f = fit_of(&rs, |r| r.alloc_bytes);
         let ok = worst_c <= 128.0 && f.is_some_and(|f| (f.a - 1.0).abs() <= 0.1 && f.c <= 128.0);
         verdict(
@@ -316,14 +320,8 @@ fn targets(rows: &[BufRow], checks: &[GatewayCheck]) -> (Vec<String>, bool) {
                     .unwrap_or_default()
             ),
         );
-        let worst = rs
-            .iter()
-            .map(|r| r.copy_bytes - r.n as f64)
-            .fold(f64::MIN, f64::max);
-        let payload = rs
-            .iter()
-            .map(|r| r.layers[Layer::Handler as usize].1 - r.n as f64)
-            .fold(f64::MIN, f64::max);
+        let worst = most_over_n(&rs, |r| r.copy_bytes);
+        let payload = most_over_n(&rs, |r| r.layers[Layer::Handler as usize].1);
         verdict(
             worst <= 0.0,
             format!(
@@ -360,10 +358,7 @@ fn targets(rows: &[BufRow], checks: &[GatewayCheck]) -> (Vec<String>, bool) {
             }
         ),
     );
-    let worst_c = st
-        .iter()
-        .map(|r| r.alloc_bytes - r.n as f64)
-        .fold(f64::MIN, f64::max);
+    let worst_c = most_over_n(&st, |r| r.alloc_bytes);
     verdict(
         worst_c <= 128.0,
         format!("coap-static: allocated <= n + 128 (largest alloc - n: {worst_c:.0})"),
@@ -379,10 +374,7 @@ fn targets(rows: &[BufRow], checks: &[GatewayCheck]) -> (Vec<String>, bool) {
                     .unwrap_or_default()
             ),
         );
-        let worst = h
-            .iter()
-            .map(|r| r.copy_bytes - r.n as f64)
-            .fold(f64::MIN, f64::max);
+        let worst = most_over_n(&h, |r| r.copy_bytes);
         verdict(
             worst <= 0.0,
             format!(

@@ -323,6 +323,9 @@ impl Step for MintCoap {
             return Ok(false);
         };
         let ticket = self.endpoint.begin(0, now, info.peer, 0, &p, true);
+        // The endpoint's process-then-respond steps, as netsim's CoAP node
+        // takes them (sim/coap.rs); the I/O around them differs and the
+        // crates stay apart.
         let req = Request {
             peer: info.peer,
             packet: &p,

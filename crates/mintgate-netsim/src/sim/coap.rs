@@ -197,6 +197,8 @@ impl App for CoapServer {
             let Ok(p) = CoapPacket::new_checked(&bytes[..]) else {
                 continue;
             };
+            // As the lab's mintgate server takes these steps (mintgate-lab's
+            // buffers/servers.rs): see the note there.
             let req = server::Request {
                 peer: ticket.peer(),
                 packet: &p,
