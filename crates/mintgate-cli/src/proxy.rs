@@ -12,7 +12,7 @@ use mintgate_coap::rto::Algorithm;
 use mintgate_gateway::access::{AccessSection, WriteMode};
 use mintgate_gateway::config::ProxySection;
 use mintgate_gateway::Config;
-use mintgate_proxy::mapping::{Authority, ReverseMapping};
+use mintgate_proxy::mapping::Authority;
 use mintgate_proxy::{Listen, ProxyConfig, ProxyServer, WriteAuth};
 
 /// Arguments of `mintgate proxy`.
@@ -105,69 +105,18 @@ pub fn own_endpoints(binds: &[SocketAddr]) -> Vec<Authority> {
     out
 }
 
-/// `[proxy]` as the proxy crate's configuration; `default_allow` when
-/// `allow` is empty. Errors name the key.
+/// `[proxy]` as the proxy crate's configuration
+/// ([`ProxySection::to_config`]), with its `[[proxy.oscore]]` context files
+/// read once to check them; `default_allow` when `allow` is empty. Errors
+/// name the key.
 pub fn proxy_config(s: &ProxySection, default_allow: &[Authority]) -> anyhow::Result<ProxyConfig> {
-    let mut allow = Vec::new();
-    for a in &s.allow {
-        allow.push(
-            a.parse::<Authority>()
-                .map_err(|e| anyhow!("invalid config value proxy.allow: {e}"))?,
-        );
-    }
-    if allow.is_empty() {
-        allow = default_allow.to_vec();
-    }
-    let mut reverse = Vec::new();
-    for r in &s.reverse {
-        reverse.push(
-            ReverseMapping::new(&r.prefix, &r.target)
-                .map_err(|e| anyhow!("invalid config value proxy.reverse: {e}"))?,
-        );
-    }
-    let congestion: Algorithm = s
-        .congestion
-        .parse()
-        .map_err(|e| anyhow!("invalid config value proxy.congestion: {e}"))?;
-    let cfg = ProxyConfig {
-        allow,
-        reverse,
-        bearer_tokens: s.bearer_tokens.clone(),
-        rate_per_client: s.rate_per_client,
-        rate_burst: s.rate_burst,
-        max_body: s.max_body,
-        max_uri: s.max_uri,
-        request_timeout: Duration::from_millis(s.request_timeout_ms),
-        max_inflight: s.max_inflight,
-        max_queue_per_upstream: s.max_queue_per_upstream,
-        nstart: s.nstart,
-        congestion,
-        cache_entries: s.cache_entries,
-        cache_max_payload: s.cache_max_payload,
-        server_timing: s.server_timing,
-        max_connections: s.max_connections,
-        max_connections_per_source: s.max_connections_per_source,
-        header_timeout: Duration::from_millis(s.header_timeout_ms),
-        idle_timeout: Duration::from_millis(s.idle_timeout_ms),
-        tls: mintgate_proxy::TlsConfig {
-            cert: s.tls_cert.clone(),
-            key: s.tls_key.clone(),
-            self_signed_dir: s.tls_dir.clone(),
-            client_ca: s.client_ca.clone(),
-            session_cache: s.session_cache,
-            early_data: s.early_data,
-        },
-        write_auth: WriteAuth::Open,
-        allowed_hosts: s.allowed_hosts.clone(),
-        // opened by `start` (a context's sequence numbers are one user's)
-        upstream_oscore: Default::default(),
-    };
+    let cfg = s
+        .to_config(default_allow)
+        .map_err(|e| anyhow!("invalid config value proxy.{}: {}", e.key, e.why))?;
     for o in &s.oscore {
         mintgate_gateway::oscore::ContextConfig::from_file(&o.context)
             .map_err(|e| anyhow!("invalid config value proxy.oscore: {e}"))?;
     }
-    cfg.validate()
-        .map_err(|e| anyhow!("invalid config value proxy.{}: {}", e.key, e.why))?;
     Ok(cfg)
 }
 

@@ -1,7 +1,7 @@
 //! The proxy's settings, as the rest of the crate uses them.
 //!
-//! The TOML form lives in the gateway's configuration (`[proxy]`, see
-//! `docs/config.md`); the CLI converts it into a [`ProxyConfig`]. Every field
+//! The TOML form is [`crate::section::ProxySection`] (`[proxy]`, see
+//! `docs/config.md`), which makes a [`ProxyConfig`]. Every field
 //! has a default, and [`ProxyConfig::validate`] checks ranges and
 //! cross-field rules before anything starts.
 
@@ -13,8 +13,8 @@ use mintgate_coap::rto::Algorithm;
 
 use crate::mapping::{Authority, ReverseMapping};
 
-// The gateway's ProxySection holds these fields as TOML data; the CLI
-// converts it (the gateway does not depend on this crate).
+// crate::section::ProxySection holds these fields in the file's plain
+// types (milliseconds, strings) and makes this with `to_config`.
 /// Everything the proxy needs besides its listening addresses.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProxyConfig {

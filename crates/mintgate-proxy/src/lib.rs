@@ -27,6 +27,7 @@ pub mod h3;
 pub mod health;
 pub mod limits;
 pub mod mapping;
+pub mod section;
 pub mod server;
 pub mod service;
 pub mod tls;
