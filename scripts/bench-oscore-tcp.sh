@@ -114,6 +114,7 @@ for r in $(seq "$ROUNDS"); do
     start_mintgate -c "$FIX/gw.toml"
     wait_up "coap://$MG/request"
     pid=${PIDS[0]}
+    # the alternation of step 2 below, with other servers and arguments
     order=(plain oscore)
     [ $((r % 2)) -eq 0 ] && order=(oscore plain)
     for s in "${order[@]}"; do
@@ -153,6 +154,8 @@ cases = [
     ("tcp", "coap+tcp GET /request, closed loop: mintgate vs libcoap", "libcoap", "mintgate", 2.0),
 ]
 verdicts = []
+# Like bench-vs-libcoap.sh's table, with other columns (errors where that
+# one has the p99 ratio) and two servers named per case.
 for case, title, base, name, want in cases:
     print(f"\n=== {title}")
     print(f"{'round':>5} {base + ' req/s':>14} {name + ' req/s':>15} {'ratio':>7} {base + ' p99':>12} {name + ' p99':>13} {'errors b/' + name[0]:>10} {'lost %':>7}")

@@ -161,7 +161,9 @@ pub fn render(gw: &GatewayHandle, format: Format) -> String {
     crate::exposition::render(format, move |m| collect(&gw, m))
 }
 
-/// Every family of the gateway, read from its counters now.
+/// Every family of the gateway, read from its counters now. One call per
+/// family: the calls are rows of one shape (name, help, value), data rather
+/// than repeated logic, like the tables in observe.rs and bridge/running.rs.
 fn collect(gw: &GatewayHandle, m: &mut Exposition) {
     let c = gw.counters();
     crate::health::collect(gw.readiness().ready, m);
