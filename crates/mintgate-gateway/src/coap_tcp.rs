@@ -303,6 +303,9 @@ impl Adopter {
     /// counted as refused), timeouts and counters. False when refused.
     pub fn adopt(&self, s: TcpStream, peer: SocketAddr) -> bool {
         let sh = &self.0;
+        // under the lock that `stop` takes to join them: a connection is
+        // either refused here or joined there, never left running
+        let mut adopted = sh.adopted.lock();
         if sh.stop.load(Relaxed) {
             return false;
         }
@@ -310,15 +313,14 @@ impl Adopter {
             sh.stats.refused.fetch_add(1, Relaxed);
             return false;
         };
-        let sh2 = sh.clone();
-        std::thread::Builder::new()
-            .name(format!("{}-conn", sh.transport.name()))
-            .spawn(move || {
-                let _slot = slot;
-                serve_connection(&sh2, s, peer);
-            })
-            .map_err(|e| tracing::warn!(error = %e, "cannot start a connection thread"))
-            .is_ok()
+        adopted.retain(|t| !t.is_finished());
+        match spawn_connection(sh, s, peer, slot) {
+            Some(t) => {
+                adopted.push(t);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -331,6 +333,28 @@ struct Shared {
     stats: Arc<TcpStats>,
     /// Open connections per source.
     sources: Mutex<HashMap<Source, usize>>,
+    /// Threads of the connections taken by an [`Adopter`], joined by
+    /// [`TcpServer::stop`] (the finished ones are dropped at each adoption).
+    adopted: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Serves one admitted connection on a thread of its own, which holds its
+/// slot until the connection ends; `None` (logged) when no thread starts.
+fn spawn_connection(
+    sh: &Arc<Shared>,
+    s: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+) -> Option<JoinHandle<()>> {
+    let sh2 = sh.clone();
+    std::thread::Builder::new()
+        .name(format!("{}-conn", sh.transport.name()))
+        .spawn(move || {
+            let _slot = slot;
+            serve_connection(&sh2, s, peer);
+        })
+        .map_err(|e| tracing::warn!(error = %e, "cannot start a connection thread"))
+        .ok()
 }
 
 impl TcpServer {
@@ -366,6 +390,7 @@ impl TcpServer {
             stop: stop.clone(),
             stats: stats.clone(),
             sources: Mutex::new(HashMap::new()),
+            adopted: Mutex::new(Vec::new()),
         });
         let mut threads = Vec::new();
         for (i, l) in listeners.into_iter().enumerate() {
@@ -400,8 +425,8 @@ impl TcpServer {
         &self.stats
     }
 
-    /// Stops accepting; open connections get a Release and close within a
-    /// tick.
+    /// Stops accepting; open connections, adopted ones included, get a
+    /// Release and close within a tick, and are joined before this returns.
     pub fn stop(&mut self) {
         self.stop.store(true, Relaxed);
         for a in &self.addrs {
@@ -415,6 +440,10 @@ impl TcpServer {
             let _ = TcpStream::connect_timeout(&to, Duration::from_secs(1));
         }
         for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let adopted = std::mem::take(&mut *self.shared.adopted.lock());
+        for t in adopted {
             let _ = t.join();
         }
     }
@@ -438,17 +467,8 @@ fn accept_loop(sh: &Arc<Shared>, l: TcpListener) {
                     drop(s);
                     continue;
                 };
-                let sh2 = sh.clone();
-                match std::thread::Builder::new()
-                    .name(format!("{}-conn", sh.transport.name()))
-                    .spawn(move || {
-                        let _slot = slot;
-                        serve_connection(&sh2, s, peer);
-                    }) {
-                    Ok(t) => conns.push(t),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot start a coap+tcp connection thread")
-                    }
+                if let Some(t) = spawn_connection(sh, s, peer, slot) {
+                    conns.push(t);
                 }
             }
             Err(e) => {
@@ -1020,6 +1040,41 @@ mod tests {
         w.payload(b"21.5").unwrap();
         let n = w.finish();
         buf[..n].to_vec()
+    }
+
+    /// A connection handed over by another listener is joined when the
+    /// server stops: `stop` returns with its slot given back.
+    #[test]
+    fn stop_joins_adopted_connections() {
+        let (o, _) = outboxes();
+        let settings = TcpSettings {
+            max_connections: 4,
+            max_per_source: 4,
+            connection: ConnectionConfig::default(),
+            idle_timeout: Duration::from_secs(60),
+            allowed_hosts: Vec::new(),
+        };
+        let serve: Serve = Arc::new(|_, _, _| Answer::Silent);
+        let mut srv = TcpServer::start(
+            &["127.0.0.1:0".parse().unwrap()],
+            settings,
+            Transport::Tcp,
+            serve,
+            o,
+        )
+        .unwrap();
+        let other = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(other.local_addr().unwrap()).unwrap();
+        let (s, peer) = other.accept().unwrap();
+        assert!(srv.adopter().adopt(s, peer));
+        assert_eq!(srv.stats().open.load(Relaxed), 1);
+        srv.stop();
+        assert_eq!(srv.stats().open.load(Relaxed), 0, "stop returned first");
+        // and nothing is adopted once stopped
+        let client2 = TcpStream::connect(other.local_addr().unwrap()).unwrap();
+        let (s, peer) = other.accept().unwrap();
+        assert!(!srv.adopter().adopt(s, peer));
+        drop((client, client2));
     }
 
     fn outboxes() -> (Arc<Outboxes>, Arc<Mutex<Vec<usize>>>) {
